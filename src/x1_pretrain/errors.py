@@ -1,0 +1,30 @@
+"""User-facing errors and the exit codes they map to (see docs/architecture.md)."""
+
+from __future__ import annotations
+
+# Exit codes of the CLIs. The watchdog relaunches only EXIT_INTERRUPTED and EXIT_UNEXPECTED.
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_USAGE = 2
+EXIT_BUDGET_CHECKPOINT = 3
+EXIT_BUDGET_NOW = 4
+EXIT_DIVERGED = 5
+EXIT_SLOW = 6
+EXIT_INTERRUPTED = 75
+
+
+class X1Error(Exception):
+    """An error caused by the user's input. Printed without a traceback.
+
+    The message names the file or key, says what was expected, and how to fix it.
+    """
+
+    exit_code = EXIT_USAGE
+
+
+class DataError(X1Error):
+    """A data file or directory is missing, malformed or inconsistent."""
+
+
+class TokenizerNotFound(X1Error):
+    """No usable gpt2.tiktoken file could be found or fetched."""

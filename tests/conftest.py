@@ -1,0 +1,36 @@
+"""Shared fixtures. Everything here is generated or taken from text every Python install carries;
+``../shared/data`` is used only for optional cross-checks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
+def shared_path(*parts: str) -> Path:
+    """A file under ../shared/data, or skip the test when the checkout has none."""
+    p = SHARED_DATA.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"{p} not present (optional cross-check)")
+    return p
+
+
+@pytest.fixture(scope="session")
+def tok():
+    from x1_pretrain.tokenizer import load_gpt2
+
+    return load_gpt2(allow_download=False)
+
+
+@pytest.fixture(scope="session")
+def prose() -> list[str]:
+    from x1_pretrain.demo_corpus import demo_documents
+
+    return demo_documents()
