@@ -34,3 +34,22 @@ def prose() -> list[str]:
     from x1_pretrain.demo_corpus import demo_documents
 
     return demo_documents()
+
+
+@pytest.fixture(scope="session")
+def demo_data(tmp_path_factory) -> Path:
+    """The demo corpus tokenized once per session (val 10% so eval has windows)."""
+    from x1_pretrain import tokenize_data
+    from x1_pretrain.demo_corpus import write_demo_corpus
+
+    root = tmp_path_factory.mktemp("demo")
+    write_demo_corpus(root / "raw")
+    code = tokenize_data.main(["--input-dir", str(root / "raw"), "--output-dir", str(root / "tok"),
+                               "--val-fraction", "0.1", "--workers", "1"])
+    assert code == 0
+    return root / "tok"
+
+
+TINY = REPO / "configs" / "x1-tiny-cpu.yaml"
+# Fast settings for tests: short sequences, few steps, frequent logs.
+FAST = ["--set", "model.seq_len=32", "--set", "train.eval_batches=2", "--set", "optim.warmup_steps=2"]

@@ -26,10 +26,10 @@ def make_corpus(root: Path, prose: list[str]) -> dict[str, list[str]]:
     """Five shard kinds with known documents (prose + awkward strings + empty docs)."""
     docs = prose[:60] + SPECIAL
     parts = {
-        "a/fineweb.parquet": docs[0:20] + ["", None],
+        "a/fineweb.parquet": [*docs[0:20], "", None],
         "a/b/pile.jsonl.zst": docs[20:35],
         "dolma.jsonl.gz": docs[35:45],
-        "plain.jsonl": docs[45:64] + ["   "],
+        "plain.jsonl": [*docs[45:64], "   "],
         "z_notes.txt": ["A single text file is one document.\nWith two lines."],
     }
     for rel, texts in parts.items():
@@ -72,7 +72,8 @@ def test_round_trip_every_format_document_by_document(tmp_path, tok, prose):
     assert meta["splits"]["train"]["tokens"] * 2 == (out / "train.bin").stat().st_size
     assert meta["tokenizer_sha256"] == "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
     assert [s["path"] for s in meta["sources"]] == sorted(parts)
-    assert {s["path"]: s["bytes"] for s in meta["sources"]}["plain.jsonl"] == (tmp_path / "in/plain.jsonl").stat().st_size
+    sizes = {s["path"]: s["bytes"] for s in meta["sources"]}
+    assert sizes["plain.jsonl"] == (tmp_path / "in/plain.jsonl").stat().st_size
     counts = np.load(out / "unigram_counts.npy")
     ids = np.fromfile(out / "train.bin", dtype="<u2")
     assert counts.sum() == ids.size and counts[50256] == len(train)

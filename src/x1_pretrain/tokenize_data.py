@@ -338,7 +338,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                 raise item.error
             drain()  # everything in flight belongs to this file or earlier ones
             if fi in file_start:  # roll back what this file had written
-                for f, pos in zip((f_train, f_val), file_start[fi]):
+                for f, pos in zip((f_train, f_val), file_start[fi], strict=True):
                     f.seek(pos)
                     f.truncate(pos)
             pending_counts.pop(fi, None)
@@ -360,18 +360,18 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
             for p in tmp.values():
                 p.unlink(missing_ok=True)
 
-    good = [f for f in files if f.path not in {s["path"] for s in skipped}]
-    if not any(f.documents for f in good):
+    good = [fs for fs in files if fs.path not in {s["path"] for s in skipped}]
+    if not any(fs.documents for fs in good):
         for p in tmp.values():
             p.unlink(missing_ok=True)
         raise DataError(f"no documents could be read from {input_dir}"
                         + (f" ({len(skipped)} bad files skipped)" if skipped else ""))
-    for f in good:
-        totals.train_docs += f.train_docs
-        totals.val_docs += f.val_docs
-        totals.empty_docs += f.empty_docs
-        totals.train_tokens += f.train_tokens
-        totals.val_tokens += f.val_tokens
+    for fs in good:
+        totals.train_docs += fs.train_docs
+        totals.val_docs += fs.val_docs
+        totals.empty_docs += fs.empty_docs
+        totals.train_tokens += fs.train_tokens
+        totals.val_tokens += fs.val_tokens
     reporter.update(reporter.total, totals.train_docs + totals.val_docs,
                     totals.train_tokens + totals.val_tokens, force=True)
     _fsync_close(f_train)
@@ -409,11 +409,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "fingerprint": fp,
     }
-    with open(tmp[META], "w") as f:
-        json.dump(meta, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
+    with open(tmp[META], "w") as fm:
+        json.dump(meta, fm, indent=2)
+        fm.write("\n")
+        fm.flush()
+        os.fsync(fm.fileno())
     (out / META).unlink(missing_ok=True)  # from here until the last rename the output is "not finished"
     for name in (TRAIN_BIN, VAL_BIN, COUNTS, META):
         os.replace(tmp[name], out / name)

@@ -1,0 +1,325 @@
+"""Typed, frozen configuration loaded strictly from YAML.
+
+Every section is a frozen dataclass whose fields carry their meaning in a docstring-like comment.
+Loading checks every key and type and every cross-field rule, and reports *all* problems at once
+as one :class:`ConfigError`, before any data is read or any tensor is made.
+
+Precedence: the YAML file, then the lab's own flags (``--total-steps`` …), then ``--set a.b=value``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import X1Error
+
+
+class ConfigError(X1Error):
+    """One or more configuration problems, each naming its key and a hint."""
+
+    def __init__(self, problems: list[str], source: str = "config") -> None:
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layer: int = 8                 # transformer blocks
+    d_model: int = 768               # residual width
+    n_head: int = 12                 # query heads; head_dim = d_model / n_head
+    n_kv_head: int = 4               # key/value heads (GQA); must divide n_head
+    d_ff: int = 2048                 # SwiGLU hidden width
+    seq_len: int = 1024              # context length in tokens
+    vocab_size: int = 50257          # GPT-2 BPE
+    norm: Literal["rmsnorm"] = "rmsnorm"
+    norm_eps: float = 1e-5
+    activation: Literal["swiglu"] = "swiglu"
+    pos_enc: Literal["rope"] = "rope"
+    rope_base: float = 10000.0
+    init_std: float = 0.02           # normal init of every weight matrix and the embedding
+    tie_embeddings: bool = True      # LM head shares the token embedding
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 3e-4                 # peak learning rate
+    min_lr: float = 3e-5             # cosine floor
+    warmup_steps: int = 1000         # linear warmup from lr/warmup_steps to lr
+    schedule: Literal["cosine", "constant"] = "cosine"
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1        # on 2-D weight matrices; never on norm gains
+    decay_embedding: bool = False    # weight decay on the (tied) token embedding
+    grad_clip: float = 1.0           # max global grad norm; 0 disables clipping
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    total_steps: int = 84000         # optimizer steps
+    batch_size: int = 512            # sequences per optimizer step (global, all ranks)
+    micro_batch_size: int = 32       # sequences per forward/backward on one device
+    grad_accum_steps: int = 16       # micro-batches per optimizer step (per rank)
+    seed: int = 42
+    precision: Literal["bf16", "fp32"] = "bf16"  # bf16 autocast with fp32 master weights, or plain fp32
+    compile: bool = True
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "max-autotune"
+    attention: Literal["flash", "sdpa"] = "flash"  # flash-attn when available on CUDA, else SDPA
+    device: str = "auto"             # auto | cpu | cuda | cuda:N
+    log_every: int = 10              # steps between metric logs
+    eval_every: int = 1800           # steps between val evals (and one at the end)
+    eval_batches: int = 20           # micro-batches in the fixed val set
+    ckpt_every: int = 1800           # steps between checkpoints
+    prefetch: int = 4                # batches prepared ahead by the loader thread
+    min_tokens_per_s: float | None = None  # stop (exit 6) when the warm mean falls below this
+    throughput_window: int = 50      # steps in the warm throughput window
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def sha256(self) -> str:
+        return config_sha256(self)
+
+    def tokens_per_step(self) -> int:
+        return self.train.batch_size * self.model.seq_len
+
+
+SECTIONS: dict[str, type] = dict(typing.get_type_hints(Config))
+
+
+# --- strict loading ---------------------------------------------------------------------------------
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, key: str) -> tuple[Any, str | None]:
+    """Return (value, None) or (None, problem). Accepts ints for floats, and numeric strings for floats
+    (PyYAML reads ``3e-4`` as a string)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None, None
+        for a in args:
+            if a is type(None):
+                continue
+            v, err = _coerce(value, a, key)
+            if err is None:
+                return v, None
+        return None, f"{key}: expected {_type_name(tp)}, got {value!r}"
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value in choices:
+            return value, None
+        return None, f"{key}: {value!r} is not one of {', '.join(repr(c) for c in choices)}"
+    if tp is bool:
+        if isinstance(value, bool):
+            return value, None
+        return None, f"{key}: expected true or false, got {value!r}"
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, None
+        if isinstance(value, float) and value.is_integer():
+            return int(value), None
+        return None, f"{key}: expected an integer, got {value!r}"
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            v = float(value)
+        elif isinstance(value, str):
+            try:
+                v = float(value)
+            except ValueError:
+                return None, f"{key}: expected a number, got {value!r}"
+        else:
+            return None, f"{key}: expected a number, got {value!r}"
+        if not math.isfinite(v):
+            return None, f"{key}: must be finite, got {value!r}"
+        return v, None
+    if tp is str:
+        if isinstance(value, str):
+            return value, None
+        return None, f"{key}: expected a string, got {value!r}"
+    raise TypeError(f"unsupported config field type {tp!r} for {key}")  # a bug in this file, not user input
+
+
+def _section_from_dict(cls: type, data: Any, prefix: str, problems: list[str]) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        problems.append(f"{prefix}: expected a mapping of keys, got {type(data).__name__}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}"
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean {prefix}.{close[0]}?)" if close else f" (known: {', '.join(names)})"
+            problems.append(f"{full}: unknown key{hint}")
+            continue
+        v, err = _coerce(value, hints[key], full)
+        if err:
+            problems.append(err)
+        else:
+            kwargs[key] = v
+    return cls(**kwargs)
+
+
+def from_dict(data: Any, source: str = "config") -> Config:
+    problems: list[str] = []
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"top level: expected a mapping with sections {', '.join(SECTIONS)}"], source)
+    sections: dict[str, Any] = {}
+    for name, value in data.items():
+        if name not in SECTIONS:
+            close = difflib.get_close_matches(str(name), list(SECTIONS), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else f" (sections: {', '.join(SECTIONS)})"
+            problems.append(f"{name}: unknown section{hint}")
+            continue
+        sections[name] = _section_from_dict(SECTIONS[name], value, name, problems)
+    cfg = Config(**sections)
+    problems.extend(validate(cfg))
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def validate(cfg: Config, world_size: int = 1) -> list[str]:
+    """Cross-field rules. Returns every problem found (empty when the config is coherent)."""
+    m, o, t = cfg.model, cfg.optim, cfg.train
+    p: list[str] = []
+    for key in ("n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "seq_len", "vocab_size"):
+        if getattr(m, key) <= 0:
+            p.append(f"model.{key}: must be positive, got {getattr(m, key)}")
+    if m.n_head > 0 and m.d_model % m.n_head:
+        p.append(f"model.d_model: {m.d_model} is not divisible by model.n_head {m.n_head}")
+    elif m.n_head > 0 and m.head_dim % 2:
+        p.append(f"model.d_model: head_dim {m.head_dim} must be even for RoPE")
+    if m.n_kv_head > 0 and m.n_head % m.n_kv_head:
+        p.append(f"model.n_head: {m.n_head} is not divisible by model.n_kv_head {m.n_kv_head}")
+    if m.vocab_size > 65536:
+        p.append(f"model.vocab_size: {m.vocab_size} does not fit the uint16 token files (max 65536)")
+    if m.init_std <= 0 or m.norm_eps <= 0 or m.rope_base <= 0:
+        p.append("model.init_std, model.norm_eps and model.rope_base must be positive")
+    if o.lr <= 0:
+        p.append(f"optim.lr: must be positive, got {o.lr}")
+    if not 0 <= o.min_lr <= o.lr:
+        p.append(f"optim.min_lr: must be in [0, optim.lr={o.lr}], got {o.min_lr}")
+    if o.warmup_steps < 0:
+        p.append(f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(o, key) < 1:
+            p.append(f"optim.{key}: must be in [0, 1), got {getattr(o, key)}")
+    if o.weight_decay < 0 or o.grad_clip < 0 or o.eps <= 0:
+        p.append("optim.weight_decay and optim.grad_clip must be >= 0 and optim.eps > 0")
+    for key in ("total_steps", "batch_size", "micro_batch_size", "grad_accum_steps", "log_every",
+                "eval_every", "eval_batches", "ckpt_every", "prefetch", "throughput_window"):
+        if getattr(t, key) <= 0:
+            p.append(f"train.{key}: must be positive, got {getattr(t, key)}")
+    if t.micro_batch_size > 0 and t.grad_accum_steps > 0 and \
+            t.micro_batch_size * t.grad_accum_steps * world_size != t.batch_size:
+        ws = f" x world size {world_size}" if world_size > 1 else ""
+        p.append(f"train.batch_size: {t.batch_size} != train.micro_batch_size {t.micro_batch_size} x "
+                 f"train.grad_accum_steps {t.grad_accum_steps}{ws}; set grad_accum_steps to "
+                 f"{t.batch_size / (t.micro_batch_size * world_size):g}"
+                 if (t.batch_size / (t.micro_batch_size * world_size)).is_integer()
+                 else f"train.batch_size: {t.batch_size} is not a multiple of micro_batch_size "
+                      f"{t.micro_batch_size}{ws}")
+    if t.min_tokens_per_s is not None and t.min_tokens_per_s <= 0:
+        p.append(f"train.min_tokens_per_s: must be positive when set, got {t.min_tokens_per_s}")
+    if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):
+        p.append(f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
+    return p
+
+
+def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[str] | None = None) -> Config:
+    """Load ``path``, apply flag ``overrides`` ({"train.total_steps": 100}) then ``--set`` strings."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError([f"cannot read the config file ({e.strerror})"], str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError([f"not valid YAML: {e}"], str(path)) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(["top level: expected a mapping of sections"], str(path))
+    problems: list[str] = []
+    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    items = list((overrides or {}).items())
+    for s in sets or []:
+        key, sep, raw = s.partition("=")
+        if not sep or "." not in key:
+            problems.append(f"--set {s!r}: expected section.key=value")
+            continue
+        items.append((key.strip(), yaml.safe_load(raw) if raw.strip() else raw))
+    for key, value in items:
+        section, _, name = key.partition(".")
+        target = merged.setdefault(section, {})
+        if not isinstance(target, dict):
+            problems.append(f"{section}: expected a mapping of keys")
+            continue
+        target[name] = value
+    if problems:
+        raise ConfigError(problems, str(path))
+    return from_dict(merged, str(path))
+
+
+def config_sha256(cfg: Config) -> str:
+    blob = json.dumps(cfg.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """Keys whose values differ between two config dicts, as (key, a, b)."""
+    fa, fb = flatten(a), flatten(b)
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

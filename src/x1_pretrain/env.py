@@ -1,0 +1,66 @@
+"""Facts about the software and machine, recorded in MLflow, checkpoints and the run manifest."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import sys
+from typing import Any
+
+from . import __version__
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "numpy": _version("numpy"),
+        "flash_attn": _version("flash-attn") or _version("flash_attn"),
+        "transformers": _version("transformers"),
+        "mlflow": _version("mlflow-skinny") or _version("mlflow"),
+        "tiktoken": _version("tiktoken"),
+        "safetensors": _version("safetensors"),
+        "x1_pretrain": __version__,
+    }
+
+
+def device_name(device: Any) -> str:
+    import torch
+
+    if getattr(device, "type", str(device)) == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "python_executable": sys.executable,
+    }
+    try:
+        info["ram_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        info["ram_gb"] = None
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu_name=props.name, gpu_count=torch.cuda.device_count(),
+                    gpu_memory_gb=round(props.total_memory / 2**30, 1))
+    else:
+        info.update(gpu_name=None, gpu_count=0, gpu_memory_gb=None)
+    return info
