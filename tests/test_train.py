@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -63,7 +64,8 @@ def test_lab_file_store_uri_works_without_the_env_var(demo_data, tmp_path, monke
     assert set(history(client, run.info.run_id, "train/loss")) == {1, 3}
 
 
-def test_unreachable_tracking_server_does_not_stop_training(demo_data, tmp_path, capsys):
+def test_unreachable_tracking_server_does_not_stop_training(demo_data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("X1_MLFLOW_CLOSE_TIMEOUT_S", "2")
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -72,6 +74,10 @@ def test_unreachable_tracking_server_does_not_stop_training(demo_data, tmp_path,
     assert code == 0
     err = capsys.readouterr().err
     assert "unreachable" in err and "training continues" in err
+    spilled = list((tmp_path / "c").glob("mlflow-undelivered-*.jsonl"))
+    assert len(spilled) == 1
+    keys = {json.loads(line)["key"] for line in spilled[0].read_text().splitlines()}
+    assert {"train/loss", "val/loss"} <= keys
 
 
 def test_nan_loss_stops_with_exit_5_naming_the_step(demo_data, tmp_path, capsys):

@@ -92,10 +92,17 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    keep_last: int = 3               # complete step_* dirs kept (plus any holding a PIN file)
+    async_save: bool = True          # write on a background thread after a CPU snapshot
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -256,6 +263,8 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
                  if (t.batch_size / (t.micro_batch_size * world_size)).is_integer()
                  else f"train.batch_size: {t.batch_size} is not a multiple of micro_batch_size "
                       f"{t.micro_batch_size}{ws}")
+    if cfg.checkpoint.keep_last < 1:
+        p.append(f"checkpoint.keep_last: must be at least 1, got {cfg.checkpoint.keep_last}")
     if t.min_tokens_per_s is not None and t.min_tokens_per_s <= 0:
         p.append(f"train.min_tokens_per_s: must be positive when set, got {t.min_tokens_per_s}")
     if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):

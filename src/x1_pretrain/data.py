@@ -10,6 +10,7 @@ shared out over grad-accumulation micro-steps (and, with several ranks, over ran
 
 from __future__ import annotations
 
+import hashlib
 import json
 import queue
 import threading
@@ -37,10 +38,17 @@ class TokenData:
     meta: dict[str, Any]
 
     @property
-    def meta_sha256(self) -> str:
-        import hashlib
-
-        return hashlib.sha256((self.directory / "meta.json").read_bytes()).hexdigest()
+    def identity(self) -> str:
+        """sha256 of what the tokens are (sources, sizes, split, tokenizer, counts), not of when they were
+        made: re-tokenizing the same inputs the same way gives the same identity."""
+        m = self.meta
+        keep = {
+            "vocab_size": m.get("vocab_size"), "eot_id": m.get("eot_id"), "splits": m.get("splits"),
+            "tokenizer_sha256": m.get("tokenizer_sha256"), "val_fraction": m.get("val_fraction"),
+            "text_column": m.get("text_column"),
+            "sources": [[s.get("path"), s.get("bytes")] for s in m.get("sources", [])],
+        }
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
 
 def _check_sample(tokens: np.ndarray, path: Path, vocab_size: int, eot_id: int | None) -> None:

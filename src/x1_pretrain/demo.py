@@ -2,7 +2,8 @@
 
 1. write CPython's pydoc topics as a parquet shard (real English prose every Python install carries),
 2. tokenize it with the lab's command,
-3. train the tiny config with the lab's train command, logging to MLflow.
+3. train the tiny config with the lab's train command under the watchdog, logging to MLflow; half-way
+   the trainer is sent SIGTERM (a spot preemption): it checkpoints, exits 75, and the watchdog resumes it.
 
 Everything lands in ``demo-run/`` (or ``--out``); run it again to start over.
 """
@@ -10,11 +11,16 @@ Everything lands in ``demo-run/`` (or ``--out``); run it again to start over.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from .checkpoint import read_progress
 from .demo_corpus import write_demo_corpus
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "x1-tiny-cpu.yaml"
@@ -23,6 +29,24 @@ REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "x1-tiny-cpu.yam
 def _run(cmd: list[str]) -> int:
     print("\n$ " + " ".join(cmd), flush=True)
     return subprocess.call(cmd)
+
+
+def _train_with_a_preemption(train: list[str], ckpt: Path, preempt_at: int) -> int:
+    """Run the trainer under the watchdog and preempt it once, as a spot instance would be."""
+    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "1", "--", *train]
+    print("\n$ " + " ".join(cmd), flush=True)
+    watchdog = subprocess.Popen(cmd)
+    preempted = False
+    while watchdog.poll() is None:
+        progress = read_progress(ckpt)
+        if not preempted and progress and progress.get("step", 0) >= preempt_at:
+            print(f"\n[demo] step {progress['step']}: sending SIGTERM to the trainer (pid {progress['pid']}), "
+                  "as a cloud would before preempting a spot instance\n", flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(progress["pid"]), signal.SIGTERM)
+            preempted = True
+        time.sleep(0.2)
+    return watchdog.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
                  "--tokenizer", "gpt2", "--val-fraction", "0.1", "--workers", "2"])
     if code != 0:
         return code
-    code = _run([py, "-m", "x1_pretrain.train", "--config", str(args.config), "--data-dir", str(data),
-                 "--ckpt-dir", str(ckpt), "--mlflow-uri", mlruns.as_uri(), "--total-steps", str(args.total_steps),
-                 "--ckpt-every", "100", "--eval-every", "50", "--log-every", "10"])
+    train = [py, "-m", "x1_pretrain.train", "--config", str(args.config), "--data-dir", str(data),
+             "--ckpt-dir", str(ckpt), "--mlflow-uri", mlruns.as_uri(), "--total-steps", str(args.total_steps),
+             "--ckpt-every", "100", "--eval-every", "50", "--log-every", "10", "--resume-from-latest"]
+    code = _train_with_a_preemption(train, ckpt, preempt_at=args.total_steps // 2)
     if code != 0:
         return code
     print(f"\n[demo] done. Look at the run with:\n  MLFLOW_ALLOW_FILE_STORE=true .venv/bin/mlflow ui "

@@ -11,6 +11,7 @@ EXIT_BUDGET_NOW = 4
 EXIT_DIVERGED = 5
 EXIT_SLOW = 6
 EXIT_INTERRUPTED = 75
+EXIT_ABORTED = 130  # a second SIGINT: stopped at once, no checkpoint
 
 
 class X1Error(Exception):

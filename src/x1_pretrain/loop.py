@@ -39,6 +39,7 @@ class LoopState:
     train_time_s: float = 0.0     # wall-clock spent in training steps, summed over restarts
     last_loss: float = float("nan")
     last_val_loss: float = float("nan")
+    last_step_s: float = float("nan")  # duration of the latest step (not saved)
 
 
 @dataclass
@@ -70,16 +71,16 @@ class BatchSource(Protocol):
 class Checkpointer(Protocol):
     def save(self, run: Run, state: LoopState, reason: str) -> None: ...
 
+    def wait(self) -> None: ...
+
 
 @dataclass
 class StopFlag:
     """Set by signal handlers (train.py); read by the loop between optimizer steps."""
 
     requested: str | None = None
+    requested_at: float | None = None
     checkpoint_now: bool = False
-
-    def request_stop(self, why: str) -> None:
-        self.requested = why
 
 
 @dataclass
@@ -218,6 +219,7 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
         state.step = step + 1
         state.tokens_seen += tokens_per_step
         state.train_time_s += dt
+        state.last_step_s = dt
         state.last_loss = loss
         done = state.step
 
@@ -262,8 +264,12 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
         run.stop.checkpoint_now = False
 
         if run.stop.requested:
-            run.console(f"{run.stop.requested}: stopping after step {done} with a checkpoint")
-            return _end(run, state, Outcome(EXIT_INTERRUPTED, run.stop.requested, done), checkpoint=True)
+            run.console(f"{run.stop.requested} received: stopping after step {done} with a checkpoint")
+            outcome = _end(run, state, Outcome(EXIT_INTERRUPTED, f"interrupted by {run.stop.requested}", done),
+                           checkpoint=True)
+            if run.stop.requested_at is not None:
+                run.console(f"clean stop {run.clock() - run.stop.requested_at:.2f} s after {run.stop.requested}")
+            return outcome
 
     _eval_and_log(run, state)
     return _end(run, state, Outcome(EXIT_OK, "finished", state.step), checkpoint=True, final=True)
@@ -280,4 +286,5 @@ def _eval_and_log(run: Run, state: LoopState) -> None:
 def _end(run: Run, state: LoopState, outcome: Outcome, checkpoint: bool, final: bool = False) -> Outcome:
     if checkpoint and run.checkpointer is not None:
         run.checkpointer.save(run, state, "final" if final else outcome.reason)
+        run.checkpointer.wait()
     return outcome

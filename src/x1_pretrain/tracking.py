@@ -87,7 +87,8 @@ class MlflowTracker:
         self._run_name = run_name
         self.run_id: str | None = run_id
         self._pending = _Pending()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()          # guards the pending buffers
+        self._send_lock = threading.Lock()     # one sender at a time (background thread or flush)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flush_every = flush_every_s
@@ -105,6 +106,11 @@ class MlflowTracker:
                 self._client.update_run(self.run_id, status="RUNNING")
                 self._run_checked = True
             except Exception as e:
+                if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                    _warn(f"run {self.run_id} from the checkpoint is not in {self.uri}; starting a new run")
+                    self.run_id = None
+                    self.resumed = False
+                    return self._ensure_run()
                 self._note_down(e)
                 return False
             return True
@@ -170,15 +176,32 @@ class MlflowTracker:
             time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
         return False
 
-    def close(self, status: str = "FINISHED", timeout_s: float = 30.0) -> None:
+    def close(self, status: str = "FINISHED", timeout_s: float | None = None,
+              spill_dir: Path | None = None) -> None:
+        """Flush (for up to ``timeout_s``, default $X1_MLFLOW_CLOSE_TIMEOUT_S or 30 s) and end the run.
+
+        Metrics still undelivered are written to ``spill_dir/mlflow-undelivered-<pid>.jsonl``.
+        """
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("X1_MLFLOW_CLOSE_TIMEOUT_S", "30"))
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=timeout_s)
-        ok = self.flush(timeout_s)
-        if not ok:
+        if not self.flush(timeout_s):
             with self._lock:
-                n = len(self._pending.metrics)
-            _warn(f"{n} metrics could not be delivered to {self.uri} before exit")
+                left = list(self._pending.metrics)
+            where = ""
+            if spill_dir is not None and left:
+                import json
+
+                spill_dir.mkdir(parents=True, exist_ok=True)
+                path = spill_dir / f"mlflow-undelivered-{os.getpid()}.jsonl"
+                with open(path, "a") as f:
+                    for m in left:
+                        f.write(json.dumps({"key": m.key, "value": m.value, "step": m.step,
+                                            "timestamp": m.timestamp, "run_id": self.run_id}) + "\n")
+                where = f"; saved to {path}"
+            _warn(f"{len(left)} metrics could not be delivered to {self.uri} before exit{where}")
         if self.run_id is not None:
             try:
                 self._client.set_terminated(self.run_id, status=status)
@@ -187,6 +210,10 @@ class MlflowTracker:
 
     # -- background sending --
     def _send_once(self) -> bool:
+        with self._send_lock:
+            return self._send_locked()
+
+    def _send_locked(self) -> bool:
         with self._lock:
             if not (self._pending.metrics or self._pending.params or self._pending.tags):
                 return True

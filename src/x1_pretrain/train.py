@@ -8,6 +8,7 @@ without checkpoint · 5 diverged (NaN/Inf) · 6 throughput below --min-tokens-pe
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import sys
@@ -16,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_DIVERGED, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
+from .errors import EXIT_ABORTED, EXIT_DIVERGED, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
 
 # Flags that belong to features not built yet fail loudly instead of being ignored.
 _NOT_YET: dict[str, str] = {}
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any config key, e.g. --set optim.lr=1e-3 (repeatable; applied last)")
     p.add_argument("--resume-from-latest", action="store_true", help="continue from the newest complete checkpoint")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="resume even if the config or data differ from the checkpoint's (logged as a tag)")
     p.add_argument("--budget-cap-usd", type=float, help="hard dollar cap (budget guard)")
     p.add_argument("--budget-curr-cost-uri", help="budget.json written by the billing sidecar")
     p.add_argument("--inject-spike-at-step", type=int, help="train on rare-token batches from step N")
@@ -151,6 +154,27 @@ def build_optimizer(model: Any, cfg: Any, device: Any) -> Any:
     return torch.optim.AdamW(groups, **kwargs)
 
 
+def install_signal_handlers(stop: Any) -> None:
+    """SIGTERM/SIGINT: finish the step, checkpoint, exit 75. A second SIGINT aborts at once.
+    SIGUSR1: checkpoint after the current step and keep training. Handlers only set flags."""
+    import signal
+
+    def on_stop(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGINT and stop.requested is not None:
+            raise KeyboardInterrupt
+        if stop.requested is None:
+            stop.requested = signal.Signals(signum).name
+            stop.requested_at = time.monotonic()
+
+    def on_usr1(_signum: int, _frame: Any) -> None:
+        stop.checkpoint_now = True
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    if hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, on_usr1)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -166,22 +190,77 @@ def main(argv: list[str] | None = None) -> int:
     except X1Error as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
+    except KeyboardInterrupt:
+        print("aborted by a second SIGINT: no checkpoint written for the current step", file=sys.stderr)
+        return EXIT_ABORTED
+
+
+class ProgressFile:
+    """Keeps ``progress.json`` in the checkpoint dir current for the watchdog (a StepHook)."""
+
+    def __init__(self, ckpt_dir: Path, started: float, checkpointer: Any) -> None:
+        self.dir, self.started, self.ckpt = ckpt_dir, started, checkpointer
+        self.first_step_started: float | None = None
+        self.first_step_s: float | None = None
+
+    def after_step(self, run: Any, state: Any, metrics: dict[str, float]) -> None:
+        from .checkpoint import write_progress
+
+        now = time.time()
+        first = self.first_step_started is None
+        if first:
+            self.first_step_started = now - state.last_step_s
+            self.first_step_s = state.last_step_s
+        if first or state.step % run.cfg.train.log_every == 0:
+            write_progress(self.dir, {
+                "pid": os.getpid(), "step": state.step, "time_unix": now, "started_unix": self.started,
+                "first_step_started_unix": self.first_step_started, "first_step_s": self.first_step_s,
+                "last_checkpoint_step": self.ckpt.last_saved_step,
+                "total_steps": run.cfg.train.total_steps,
+            })
+        return None
+
+
+def _check_resume_compatible(found: Any, cfg: Any, data: Any, allow: bool, log: Any) -> list[str]:
+    """Differences between the checkpoint's run and this one; raises unless --allow-config-change."""
+    from . import config as C
+
+    saved = found.state
+    changes: list[str] = []
+    if saved.get("config_sha256") != cfg.sha256():
+        for key, old, new in C.diff(saved.get("config", {}), cfg.to_dict()):
+            changes.append(f"{key}: {old!r} -> {new!r}")
+    if saved.get("data_identity") != data.identity:
+        changes.append(f"data: {data.directory}/meta.json describes other tokens than the run was trained on "
+                       f"(trained on {saved.get('data_dir')})")
+    if changes and not allow:
+        lines = "\n".join(f"    {c}" for c in changes)
+        raise X1Error(f"{found.path} was written with another configuration or data:\n{lines}\n"
+                      "  hint: pass --allow-config-change to resume anyway (it is logged), or use the original "
+                      "config and data")
+    for c in changes:
+        log(f"warning: resuming with a change ({c}) because --allow-config-change was given")
+    return changes
 
 
 def _train(args: argparse.Namespace, log: Any) -> int:
     from . import config as C
 
+    started_unix = time.time()
     cfg = C.load(args.config, _flag_overrides(args), args.set)
     import numpy as np  # noqa: F401  (imported before torch on purpose: fail fast on a broken env)
     import torch
 
+    from . import checkpoint as ck
     from . import flops
     from .data import Prefetcher, Sampler, gather, open_token_data, val_starts
     from .env import device_name, versions
-    from .loop import Diverged, LoopState, Run, train_loop
-    from .model import Transformer
+    from .loop import Diverged, LoopState, Run, StopFlag, train_loop
+    from .model import Transformer, state_dict_for_saving
     from .tracking import MlflowTracker, resolve_uri, run_tags
 
+    stop = StopFlag()
+    install_signal_handlers(stop)
     device = resolve_device(cfg.train.device)
     use_flash = hardware_plan(cfg, device, log)
     data = open_token_data(args.data_dir, cfg.model.vocab_size, cfg.model.seq_len)
@@ -191,11 +270,34 @@ def _train(args: argparse.Namespace, log: Any) -> int:
     except ValueError as e:
         raise X1Error(str(e)) from None
 
+    found = None
+    if args.resume_from_latest:
+        found = ck.find_latest_complete(ckpt_dir, lambda m: log(f"warning: {m}"))
+        if found is None:
+            log(f"no complete checkpoint in {ckpt_dir} yet: starting fresh")
+    elif ck.list_step_dirs(ckpt_dir):
+        raise X1Error(f"--ckpt-dir {ckpt_dir} already holds checkpoints ({ck.list_step_dirs(ckpt_dir)[-1][1].name}); "
+                      "pass --resume-from-latest to continue that run, or choose an empty --ckpt-dir")
+    changes = _check_resume_compatible(found, cfg, data, args.allow_config_change, log) if found else []
+
     seed_everything(cfg.train.seed)
     model = Transformer(cfg.model).to(device)
     model.set_attention(use_flash)
     optimizer = build_optimizer(model, cfg, device)
     state = LoopState()
+    run_id = None
+    if found is not None:
+        ck.load_model_state(model, {k: v.to(device) for k, v in ck.load_weights(found.path).items()}, found.path)
+        optimizer.load_state_dict(ck.load_optimizer(found.path))
+        ck.restore_rng(found.state["rng"])
+        s = found.state
+        state = LoopState(step=s["step"], tokens_seen=s["tokens_seen"], train_time_s=s["train_time_s"],
+                          last_loss=s.get("last_loss", math.nan), last_val_loss=s.get("last_val_loss", math.nan))
+        run_id = s.get("mlflow_run_id")
+        if s.get("mlflow_uri") not in (None, uri):
+            log(f"warning: the checkpoint's MLflow store was {s.get('mlflow_uri')}; logging to {uri} now")
+        log(f"resuming from {found.path} at step {state.step} ({state.tokens_seen:,} tokens seen)")
+
     dev_name = device_name(device)
     peak = flops.peak_tflops(dev_name if device.type == "cuda" else None, args.peak_tflops)
     fpt = flops.flops_per_token(cfg.model)
@@ -219,24 +321,65 @@ def _train(args: argparse.Namespace, log: Any) -> int:
         f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")
 
     run_name = args.run_name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    tracker = MlflowTracker(uri, artifact_location, run_name, run_id=None, experiment=args.experiment)
-    resolved = C.flatten(cfg.to_dict())
-    tracker.log_params({**resolved, "config_sha256": cfg.sha256(), "seed": cfg.train.seed, "world_size": 1,
-                        "data_dir": str(data.directory), "tokens_per_step": cfg.tokens_per_step(),
-                        **{f"version.{k}": v for k, v in versions().items()}})
-    tracker.set_tags({**run_tags(dev_name), "config_file": str(args.config)})
-    cfg_file = ckpt_dir / f".resolved-config-{os.getpid()}.yaml"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    cfg_file.write_text(f"# sha256 {cfg.sha256()}\n" + C.to_yaml(cfg))
-    tracker.log_artifact(cfg_file, "config")
-    cfg_file.unlink(missing_ok=True)
-    log(f"MLflow: {uri} run {tracker.run_id or '(pending: server unreachable)'}")
+    tracker = MlflowTracker(uri, artifact_location, run_name, run_id=run_id, experiment=args.experiment)
+    restarts = int(os.environ.get("X1_RESTART_COUNT", "0") or 0)
+    if found is None:
+        tracker.log_params({**C.flatten(cfg.to_dict()), "config_sha256": cfg.sha256(), "seed": cfg.train.seed,
+                            "world_size": 1, "data_dir": str(data.directory), "tokens_per_step": cfg.tokens_per_step(),
+                            **{f"version.{k}": v for k, v in versions().items()}})
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        cfg_file = ckpt_dir / f".resolved-config-{os.getpid()}.yaml"
+        cfg_file.write_text(f"# sha256 {cfg.sha256()}\n" + C.to_yaml(cfg))
+        tracker.log_artifact(cfg_file, "config")
+        cfg_file.unlink(missing_ok=True)
+    tags: dict[str, Any] = {**run_tags(dev_name), "config_file": str(args.config), "restarts": restarts}
+    if changes:
+        tags["config_changed_on_resume"] = "; ".join(changes)[:4000]
+    tracker.set_tags(tags)
+    if found is not None:
+        tracker.log_metrics(state.step, {"run/restarts": float(restarts)})
+    log(f"MLflow: {uri} run {tracker.run_id or '(pending: server unreachable)'}"
+        + (" (continued)" if found is not None else ""))
 
+    def trainer_state(run: Any, st: Any) -> dict[str, Any]:
+        return {
+            "step": st.step, "tokens_seen": st.tokens_seen, "train_time_s": st.train_time_s,
+            "wall_clock_s": time.time() - started_unix + (found.state.get("wall_clock_s", 0.0) if found else 0.0),
+            "last_loss": st.last_loss, "last_val_loss": st.last_val_loss,
+            "rng": ck.rng_state(),
+            "data_position": {"next_step": st.step, "seed": cfg.train.seed, "chunks_per_step": chunks_per_step,
+                              "micro_batch_size": cfg.train.micro_batch_size,
+                              "epoch": sampler.epoch_of(st.step)},
+            "data_dir": str(data.directory), "data_identity": data.identity,
+            "config_sha256": cfg.sha256(), "config": cfg.to_dict(),
+            "mlflow_uri": uri, "mlflow_run_id": tracker.run_id, "restarts": restarts,
+            "budget": None, "versions": versions(), "world_size": 1,
+            "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+    def on_saved(step: int, path: Path, secs: float, size: int) -> None:
+        tracker.log_metrics(step, {"checkpoint/save_s": secs, "checkpoint/mb_per_s": size / 1e6 / max(secs, 1e-9),
+                                   "checkpoint/size_mb": size / 1e6})
+        # Everything up to a checkpoint reaches the store now: a killed process loses only metrics of
+        # steps that its resumed successor replays and logs again.
+        tracker.flush(timeout_s=10.0)
+
+    def on_final(path: Path, hashes: dict[str, str]) -> None:
+        tracker.set_tags({"final_checkpoint": str(path.resolve()),
+                          "final_safetensors": str((ckpt_dir / ck.FINAL_MODEL).resolve()),
+                          "final_safetensors_sha256": hashes[ck.FINAL_MODEL]})
+
+    checkpointer = ck.Checkpointer(ckpt_dir, cfg.checkpoint.keep_last, cfg.checkpoint.async_save,
+                                   state_dict_for_saving, trainer_state, log, on_saved, on_final)
+    if found is not None:
+        checkpointer.last_saved_step = found.step
+    progress = ProgressFile(ckpt_dir, started_unix, checkpointer)
     prefetch = Prefetcher(data.train, sampler, list(range(chunks_per_step)), state.step, cfg.train.total_steps,
                           cfg.train.prefetch, pin=device.type == "cuda")
     run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=optimizer, device=device, batches=iter(prefetch),
               chunks=list(range(chunks_per_step)), val_batches=val_batches, flops_per_token=fpt.honest,
-              peak_tflops=peak, tracker=tracker, console=log, lab_flops_per_token=fpt.lab_6n)
+              peak_tflops=peak, tracker=tracker, console=log, stop=stop, checkpointer=checkpointer,
+              hooks=[progress], lab_flops_per_token=fpt.lab_6n)
     status = "FAILED"
     try:
         outcome = train_loop(run, state)
@@ -249,14 +392,17 @@ def _train(args: argparse.Namespace, log: Any) -> int:
               "and that fp32 master weights are on (train.precision bf16 keeps them); lower optim.lr if it "
               "persists.", file=sys.stderr)
         return EXIT_DIVERGED
-    except X1Error:
+    except (X1Error, KeyboardInterrupt):
         raise
     except Exception:
         traceback.print_exc()
         return EXIT_UNEXPECTED
     finally:
         prefetch.close()
-        tracker.close(status)
+        try:
+            checkpointer.wait()
+        finally:
+            tracker.close(status, spill_dir=ckpt_dir)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""Helpers for tests that run the trainer as a real process and signal it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .conftest import FAST, REPO, TINY
+
+
+def train_cmd(data: Path, ckpt: Path, steps: int, *extra: str, ckpt_every: int = 1000, log_every: int = 1,
+              eval_every: int = 1000) -> list[str]:
+    return [sys.executable, "-m", "x1_pretrain.train", "--config", str(TINY), "--data-dir", str(data),
+            "--ckpt-dir", str(ckpt), "--total-steps", str(steps), "--ckpt-every", str(ckpt_every),
+            "--log-every", str(log_every), "--eval-every", str(eval_every), *FAST, *extra]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def wait_for(pred, timeout: float = 120.0, every: float = 0.005, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.returncode} before the condition held")
+        time.sleep(every)
+    raise AssertionError("timed out waiting")
+
+
+def progress_step(ckpt: Path) -> int:
+    try:
+        return json.loads((ckpt / "progress.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+def losses(ckpt: Path) -> dict[int, float]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{ckpt.resolve()}/mlflow.db")
+    exp = client.get_experiment_by_name("x1-pretraining")
+    (run,) = client.search_runs([exp.experiment_id])
+    hist = client.get_metric_history(run.info.run_id, "train/loss")
+    out: dict[int, float] = {}
+    for m in hist:
+        assert out.get(m.step, m.value) == m.value, f"two different losses logged at step {m.step}"
+        out[m.step] = m.value
+    return out
+
+
+def run_info(ckpt: Path):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{ckpt.resolve()}/mlflow.db")
+    exp = client.get_experiment_by_name("x1-pretraining")
+    runs = client.search_runs([exp.experiment_id])
+    return client, runs
