@@ -274,7 +274,8 @@ class Checkpointer:
                  model_state: Callable[[Any], dict[str, torch.Tensor]],
                  trainer_state: Callable[[Any, Any], dict[str, Any]], log: Callable[[str], None],
                  on_saved: Callable[[int, Path, float, int], None] | None = None,
-                 on_final: Callable[[Path, dict[str, str]], None] | None = None) -> None:
+                 on_final: Callable[[Path, dict[str, str]], None] | None = None,
+                 before_save: Callable[[], None] | None = None) -> None:
         self.dir = ckpt_dir
         self.keep_last = keep_last
         self.async_save = async_save
@@ -283,9 +284,11 @@ class Checkpointer:
         self._log = log
         self._on_saved = on_saved
         self._on_final = on_final
+        self._before_save = before_save
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_saved_step: int | None = None
+        self.last_save_s = 0.0
 
     def save(self, run: Any, state: Any, reason: str) -> None:
         self.wait()
@@ -294,6 +297,8 @@ class Checkpointer:
             if final:
                 self._finish(self.dir / step_dir_name(state.step))
             return
+        if self._before_save is not None:
+            self._before_save()
         t0 = time.monotonic()
         snap = Snapshot(state.step, _to_cpu(self._model_state(run.raw_model)), _to_cpu(run.optimizer.state_dict()),
                         self._trainer_state(run, state))
@@ -311,6 +316,7 @@ class Checkpointer:
             path, size = write_step_dir(self.dir, snap)
             secs = time.monotonic() - t0
             self.last_saved_step = snap.step
+            self.last_save_s = secs
             self._log(f"checkpoint {path.name} ({reason}): {size / 1e6:,.1f} MB in {secs:.2f} s "
                       f"({size / 1e6 / max(secs, 1e-9):,.0f} MB/s; training paused {snap_s:.2f} s for the snapshot)")
             if self._on_saved:

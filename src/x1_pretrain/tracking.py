@@ -135,6 +135,11 @@ class MlflowTracker:
                   "training continues, metrics are buffered and retried")
 
     # -- public API --
+    @property
+    def reachable(self) -> bool:
+        """False while the server is known to be down (sends are failing)."""
+        return self._down_since is None
+
     def log_params(self, params: dict[str, Any]) -> None:
         with self._lock:
             self._pending.params.extend((k, str(v)[:6000]) for k, v in params.items())

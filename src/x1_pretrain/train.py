@@ -14,13 +14,14 @@ import random
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_ABORTED, EXIT_DIVERGED, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
+from .errors import EXIT_ABORTED, EXIT_BUDGET_CHECKPOINT, EXIT_DIVERGED, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
 
 # Flags that belong to features not built yet fail loudly instead of being ignored.
-_NOT_YET: dict[str, str] = {}
+_NOT_YET: dict[str, str] = {"--inject-spike-at-step": "loss-spike injection is not built into this version"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,10 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-from-latest", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--allow-config-change", action="store_true",
                    help="resume even if the config or data differ from the checkpoint's (logged as a tag)")
-    p.add_argument("--budget-cap-usd", type=float, help="hard dollar cap (budget guard)")
-    p.add_argument("--budget-curr-cost-uri", help="budget.json written by the billing sidecar")
+    b = p.add_argument_group("budget guard (see README: the budget guard)")
+    b.add_argument("--budget-cap-usd", type=float, help="hard dollar cap; enables the guard (the lab: 35.0)")
+    b.add_argument("--budget-curr-cost-uri", help="budget.json written by the billing sidecar (path, file:// or http)")
+    b.add_argument("--budget-alert-usd", type=float, default=30.0, help="email + Slack above this spend (default 30)")
+    b.add_argument("--budget-check-every-min", type=float, default=30.0, help="minutes between checks (default 30)")
+    b.add_argument("--budget-sidecar-interval-min", type=float, default=5.0,
+                   help="the sidecar's polling interval; a reading older than 3 intervals is stale (default 5)")
+    b.add_argument("--budget-unknown-grace-min", type=float, default=60.0,
+                   help="stop with a checkpoint when the spend has been unknown this long (default 60)")
+    b.add_argument("--max-rate-usd-per-hr", type=float, default=1.40,
+                   help="refuse to launch above this hourly rate (the lab's rule: 1.40)")
+    b.add_argument("--force-launch", action="store_true", help="launch despite the gate (logged as a tag)")
+    b.add_argument("--expected-step-s", type=float,
+                   help="measured seconds per optimizer step, for the planned cost (default: from the GPU's peak)")
+    b.add_argument("--assumed-mfu", type=float, default=0.40,
+                   help="MFU (honest accounting) assumed for the planned cost when --expected-step-s is not given")
     p.add_argument("--inject-spike-at-step", type=int, help="train on rare-token batches from step N")
-    p.add_argument("--dry-run-budget", action="store_true", help="check the budget set-up and exit")
+    b.add_argument("--dry-run-budget", action="store_true",
+                   help="check the budget source, plan, gate and alert channels (sends a test alert), then exit")
     return p
 
 
@@ -154,10 +170,40 @@ def build_optimizer(model: Any, cfg: Any, device: Any) -> Any:
     return torch.optim.AdamW(groups, **kwargs)
 
 
-def install_signal_handlers(stop: Any) -> None:
+def budget_limits(args: argparse.Namespace) -> Any:
+    """The guard's limits from the flags, or None when no cap is set. Bad combinations are usage errors."""
+    from .budget_guard import Limits
+
+    if args.budget_cap_usd is None:
+        if args.dry_run_budget:
+            raise X1Error("--dry-run-budget needs --budget-cap-usd and --budget-curr-cost-uri")
+        return None
+    problems = []
+    if args.budget_cap_usd <= 0:
+        problems.append(f"--budget-cap-usd {args.budget_cap_usd} must be positive")
+    if not 0 <= args.budget_alert_usd < args.budget_cap_usd:
+        problems.append(f"--budget-alert-usd {args.budget_alert_usd} must be below --budget-cap-usd "
+                        f"{args.budget_cap_usd}")
+    if not args.budget_curr_cost_uri:
+        problems.append("--budget-cap-usd needs --budget-curr-cost-uri (the budget.json the sidecar writes: "
+                        "python -m x1_pretrain.budget_sidecar --out budget.json ...)")
+    for flag in ("budget_check_every_min", "budget_sidecar_interval_min", "budget_unknown_grace_min"):
+        if getattr(args, flag) <= 0:
+            problems.append(f"--{flag.replace('_', '-')} must be positive")
+    if problems:
+        raise X1Error("; ".join(problems))
+    return Limits(args.budget_cap_usd, args.budget_alert_usd, args.budget_sidecar_interval_min, 3.0,
+                  args.budget_unknown_grace_min)
+
+
+def install_signal_handlers(stop: Any) -> Callable[[], None]:
     """SIGTERM/SIGINT: finish the step, checkpoint, exit 75. A second SIGINT aborts at once.
-    SIGUSR1: checkpoint after the current step and keep training. Handlers only set flags."""
+    SIGUSR1: checkpoint after the current step and keep training. Handlers only set flags.
+    Returns a function that puts the previous handlers back."""
     import signal
+
+    names = [signal.SIGTERM, signal.SIGINT] + ([signal.SIGUSR1] if hasattr(signal, "SIGUSR1") else [])
+    previous = {s: signal.getsignal(s) for s in names}
 
     def on_stop(signum: int, _frame: Any) -> None:
         if signum == signal.SIGINT and stop.requested is not None:
@@ -173,6 +219,12 @@ def install_signal_handlers(stop: Any) -> None:
     signal.signal(signal.SIGINT, on_stop)
     if hasattr(signal, "SIGUSR1"):
         signal.signal(signal.SIGUSR1, on_usr1)
+
+    def restore() -> None:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+    return restore
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,22 +301,64 @@ def _train(args: argparse.Namespace, log: Any) -> int:
     started_unix = time.time()
     cfg = C.load(args.config, _flag_overrides(args), args.set)
     import numpy as np  # noqa: F401  (imported before torch on purpose: fail fast on a broken env)
+
+    from . import alerts, flops
+    from . import budget_run as br
+    from . import checkpoint as ck
+    from .budget_guard import read_source
+    from .env import device_name
+    from .loop import StopFlag
+
+    limits = budget_limits(args)
+    device = resolve_device(cfg.train.device)
+    ckpt_dir = Path(args.ckpt_dir)
+    fpt = flops.flops_per_token(cfg.model)
+    dev_name = device_name(device)
+    peak = flops.peak_tflops(dev_name if device.type == "cuda" else None, args.peak_tflops)
+    if limits is not None:
+        latest = ck.read_latest(ckpt_dir) if args.resume_from_latest else None
+        done = int(latest.split("_")[1]) if latest and latest.startswith("step_") else 0
+        step_s = br.expected_step_s(args.expected_step_s, cfg.tokens_per_step(), fpt.honest, peak, args.assumed_mfu)
+        plan = br.Plan(cfg.train.total_steps, done, step_s)
+        alerter = alerts.from_env()
+        if args.dry_run_budget:
+            return br.dry_run(args.budget_curr_cost_uri, limits, plan, args.max_rate_usd_per_hr, alerter, log)
+        problems = br.gate_problems(read_source(args.budget_curr_cost_uri), plan, limits, args.max_rate_usd_per_hr)
+        if problems and not args.force_launch:
+            for problem in problems:
+                print(f"error: launch refused: {problem}", file=sys.stderr)
+            return EXIT_BUDGET_CHECKPOINT
+        for problem in problems:
+            log(f"warning: --force-launch given despite: {problem}")
+        if step_s is None:
+            log("warning: the planned cost cannot be checked (no --expected-step-s and no known GPU peak)")
+
+    stop = StopFlag()
+    restore_signals = install_signal_handlers(stop)
+    try:
+        return _train_with(args, cfg, log, stop, limits, device, ckpt_dir, fpt, dev_name, peak, started_unix,
+                           alerter if limits is not None else None)
+    finally:
+        restore_signals()
+
+
+def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits: Any, device: Any, ckpt_dir: Path,
+                fpt: Any, dev_name: str, peak: float | None, started_unix: float, alerter: Any) -> int:
+    """Everything after the launch gate (signal handlers are installed around this)."""
     import torch
 
+    from . import budget_run as br
     from . import checkpoint as ck
+    from . import config as C
     from . import flops
     from .data import Prefetcher, Sampler, gather, open_token_data, val_starts
-    from .env import device_name, versions
-    from .loop import Diverged, LoopState, Run, StopFlag, train_loop
+    from .env import versions
+    from .loop import Diverged, LoopState, Run, train_loop
     from .model import Transformer, state_dict_for_saving
     from .tracking import MlflowTracker, resolve_uri, run_tags
 
-    stop = StopFlag()
-    install_signal_handlers(stop)
-    device = resolve_device(cfg.train.device)
     use_flash = hardware_plan(cfg, device, log)
     data = open_token_data(args.data_dir, cfg.model.vocab_size, cfg.model.seq_len)
-    ckpt_dir = Path(args.ckpt_dir)
     try:
         uri, artifact_location = resolve_uri(args.mlflow_uri, ckpt_dir)
     except ValueError as e:
@@ -298,9 +392,6 @@ def _train(args: argparse.Namespace, log: Any) -> int:
             log(f"warning: the checkpoint's MLflow store was {s.get('mlflow_uri')}; logging to {uri} now")
         log(f"resuming from {found.path} at step {state.step} ({state.tokens_seen:,} tokens seen)")
 
-    dev_name = device_name(device)
-    peak = flops.peak_tflops(dev_name if device.type == "cuda" else None, args.peak_tflops)
-    fpt = flops.flops_per_token(cfg.model)
     log(f"config {args.config} sha256 {cfg.sha256()[:12]} | device {dev_name} | "
         f"attention {'flash-attn' if use_flash else 'SDPA'} | precision {cfg.train.precision}")
     for line in flops.describe(cfg.model, dev_name if device.type == "cuda" else None, args.peak_tflops).splitlines():
@@ -333,6 +424,11 @@ def _train(args: argparse.Namespace, log: Any) -> int:
         tracker.log_artifact(cfg_file, "config")
         cfg_file.unlink(missing_ok=True)
     tags: dict[str, Any] = {**run_tags(dev_name), "config_file": str(args.config), "restarts": restarts}
+    if limits is not None:
+        tags.update({"budget_cap_usd": limits.cap_usd, "budget_alert_usd": limits.alert_usd,
+                     "budget_source": args.budget_curr_cost_uri})
+        if args.force_launch:
+            tags["force_launch"] = "true"
     if changes:
         tags["config_changed_on_resume"] = "; ".join(changes)[:4000]
     tracker.set_tags(tags)
@@ -353,33 +449,54 @@ def _train(args: argparse.Namespace, log: Any) -> int:
             "data_dir": str(data.directory), "data_identity": data.identity,
             "config_sha256": cfg.sha256(), "config": cfg.to_dict(),
             "mlflow_uri": uri, "mlflow_run_id": tracker.run_id, "restarts": restarts,
-            "budget": None, "versions": versions(), "world_size": 1,
+            "budget": monitor.snapshot_json() if monitor is not None else None,
+            "versions": versions(), "world_size": 1,
             "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
 
     def on_saved(step: int, path: Path, secs: float, size: int) -> None:
         tracker.log_metrics(step, {"checkpoint/save_s": secs, "checkpoint/mb_per_s": size / 1e6 / max(secs, 1e-9),
                                    "checkpoint/size_mb": size / 1e6})
-        # Everything up to a checkpoint reaches the store now: a killed process loses only metrics of
-        # steps that its resumed successor replays and logs again.
-        tracker.flush(timeout_s=10.0)
+
+    def before_save() -> None:
+        # Every metric up to a checkpoint is in the store before the checkpoint exists: a process killed
+        # later loses only metrics of steps that its resumed successor replays and logs again.
+        if tracker.reachable:
+            tracker.flush(timeout_s=10.0)
 
     def on_final(path: Path, hashes: dict[str, str]) -> None:
         tracker.set_tags({"final_checkpoint": str(path.resolve()),
                           "final_safetensors": str((ckpt_dir / ck.FINAL_MODEL).resolve()),
                           "final_safetensors_sha256": hashes[ck.FINAL_MODEL]})
 
+    monitor = None
+    if limits is not None:
+        def send_alert(subject: str, body: str) -> None:
+            alerter.send(subject, body)
+
+        monitor = br.BudgetMonitor(args.budget_curr_cost_uri, limits, args.budget_check_every_min * 60,
+                                   send_alert=send_alert, log=log, metrics=tracker.log_metrics)
+
     checkpointer = ck.Checkpointer(ckpt_dir, cfg.checkpoint.keep_last, cfg.checkpoint.async_save,
-                                   state_dict_for_saving, trainer_state, log, on_saved, on_final)
+                                   state_dict_for_saving, trainer_state, log, on_saved, on_final, before_save)
     if found is not None:
         checkpointer.last_saved_step = found.step
     progress = ProgressFile(ckpt_dir, started_unix, checkpointer)
+    hooks: list[Any] = [progress]
+    if monitor is not None:
+        hooks.append(monitor)
+        first = br.outcome_of(monitor.check(state.step, cfg.train.total_steps, 0.0), state.step)
+        if first is not None:  # stop before training: nothing new to checkpoint
+            outcome = first[0]
+            log(f"{outcome.reason} (before training; exit {outcome.exit_code})")
+            tracker.close("KILLED", spill_dir=ckpt_dir)
+            return outcome.exit_code
     prefetch = Prefetcher(data.train, sampler, list(range(chunks_per_step)), state.step, cfg.train.total_steps,
                           cfg.train.prefetch, pin=device.type == "cuda")
     run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=optimizer, device=device, batches=iter(prefetch),
               chunks=list(range(chunks_per_step)), val_batches=val_batches, flops_per_token=fpt.honest,
               peak_tflops=peak, tracker=tracker, console=log, stop=stop, checkpointer=checkpointer,
-              hooks=[progress], lab_flops_per_token=fpt.lab_6n)
+              hooks=hooks, lab_flops_per_token=fpt.lab_6n)
     status = "FAILED"
     try:
         outcome = train_loop(run, state)
