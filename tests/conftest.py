@@ -53,3 +53,28 @@ def demo_data(tmp_path_factory) -> Path:
 TINY = REPO / "configs" / "x1-tiny-cpu.yaml"
 # Fast settings for tests: short sequences, few steps, frequent logs.
 FAST = ["--set", "model.seq_len=32", "--set", "train.eval_batches=2", "--set", "optim.warmup_steps=2"]
+
+
+SPIKE_ARGS = ["--total-steps", "60", "--log-every", "20"]
+
+
+@pytest.fixture(scope="session")
+def spiked_run(demo_data, tmp_path_factory) -> Path:
+    """A tiny run with --inject-spike-at-step 40 (checkpoint dir with its sqlite MLflow store)."""
+    from x1_pretrain import train
+
+    ckpt = tmp_path_factory.mktemp("spiked") / "ckpt"
+    assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), *SPIKE_ARGS, *FAST,
+                       "--ckpt-dir", str(ckpt), "--inject-spike-at-step", "40"]) == 0
+    return ckpt
+
+
+@pytest.fixture(scope="session")
+def clean_run(demo_data, tmp_path_factory) -> Path:
+    """The same run without an injection."""
+    from x1_pretrain import train
+
+    ckpt = tmp_path_factory.mktemp("clean") / "ckpt"
+    assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), *SPIKE_ARGS, *FAST,
+                       "--ckpt-dir", str(ckpt)]) == 0
+    return ckpt

@@ -98,11 +98,23 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class SpikeConfig:
+    ema_alpha: float = 0.05          # weight of the newest loss in the moving baseline (window ~1/alpha steps)
+    warmup_steps: int = 20           # steps observed before anything can be called a spike
+    loss_sigma: float = 6.0          # a spike's loss is this many noise units above the baseline ...
+    min_loss_jump: float = 0.5       # ... and at least this many nats above it
+    grad_factor: float = 5.0         # or its grad norm is this many times the recent median
+    grad_window: int = 50            # steps in that median
+    skip_spike_steps: bool = False   # skip the optimizer update of a detected spike (llm.c / OLMo-core style)
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -263,6 +275,12 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
                  if (t.batch_size / (t.micro_batch_size * world_size)).is_integer()
                  else f"train.batch_size: {t.batch_size} is not a multiple of micro_batch_size "
                       f"{t.micro_batch_size}{ws}")
+    s = cfg.spike
+    if not 0 < s.ema_alpha <= 1:
+        p.append(f"spike.ema_alpha: must be in (0, 1], got {s.ema_alpha}")
+    if s.warmup_steps < 1 or s.grad_window < 1 or s.loss_sigma <= 0 or s.grad_factor <= 1 or s.min_loss_jump < 0:
+        p.append("spike: warmup_steps and grad_window must be >= 1, loss_sigma > 0, grad_factor > 1, "
+                 "min_loss_jump >= 0")
     if cfg.checkpoint.keep_last < 1:
         p.append(f"checkpoint.keep_last: must be at least 1, got {cfg.checkpoint.keep_last}")
     if t.min_tokens_per_s is not None and t.min_tokens_per_s <= 0:

@@ -104,6 +104,7 @@ class Run:
     batch_source: BatchSource | None = None
     hooks: list[StepHook] = field(default_factory=list)
     lab_flops_per_token: int | None = None
+    spike_watch: Any = None          # spike.SpikeWatch: consulted before each update (may skip it)
 
     @property
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -185,7 +186,9 @@ def train_step(run: Run, step: int) -> tuple[float, float]:
     if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
         run.optimizer.zero_grad(set_to_none=True)
         raise Diverged(step + 1, loss_value, grad_norm)  # numbered like the console: steps done
-    run.optimizer.step()
+    skip = run.spike_watch is not None and run.spike_watch.observe(step, loss_value, grad_norm, cfg.optim.grad_clip)
+    if not skip:
+        run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     return loss_value, grad_norm
 
@@ -223,14 +226,14 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
         state.last_loss = loss
         done = state.step
 
-        metrics: dict[str, float] = {"train/loss": loss, "train/grad_norm": grad_norm}
+        metrics: dict[str, float] = {"train/loss": loss, "train/grad_norm": grad_norm,
+                                     "train/lr": lr_at(step, run.cfg.optim, cfg.total_steps)}
         if done % cfg.log_every == 0 or done == 1 or done == cfg.total_steps:
             mean_dt = meter.mean_step_s() if meter.times else dt
             tps = tokens_per_step / mean_dt
             mfu = tps * run.flops_per_token / (run.peak_tflops * 1e12 * run.world_size) if run.peak_tflops \
                 else float("nan")
             metrics.update({
-                "train/lr": lr_at(step, run.cfg.optim, cfg.total_steps),
                 "train/param_norm": param_norm(run.raw_model),
                 "train/tokens_per_s": tps,
                 "train/mfu": mfu,

@@ -21,7 +21,7 @@ from typing import Any
 from .errors import EXIT_ABORTED, EXIT_BUDGET_CHECKPOINT, EXIT_DIVERGED, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
 
 # Flags that belong to features not built yet fail loudly instead of being ignored.
-_NOT_YET: dict[str, str] = {"--inject-spike-at-step": "loss-spike injection is not built into this version"}
+_NOT_YET: dict[str, str] = {}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measured seconds per optimizer step, for the planned cost (default: from the GPU's peak)")
     b.add_argument("--assumed-mfu", type=float, default=0.40,
                    help="MFU (honest accounting) assumed for the planned cost when --expected-step-s is not given")
-    p.add_argument("--inject-spike-at-step", type=int, help="train on rare-token batches from step N")
+    s = p.add_argument_group("loss spikes")
+    s.add_argument("--inject-spike-at-step", type=int, metavar="N",
+                   help="steps N..N+K-1 train on rare-token batches (skipped if a natural spike comes first)")
+    s.add_argument("--spike-batches", type=int, default=5, metavar="K", help="injected steps (default 5)")
+    s.add_argument("--force-inject", action="store_true", help="inject even after a natural spike")
+    s.add_argument("--skip-spike-steps", dest="skip_spike_steps", action="store_true", default=None,
+                   help="skip the optimizer update of a detected spike (sets spike.skip_spike_steps)")
     b.add_argument("--dry-run-budget", action="store_true",
                    help="check the budget source, plan, gate and alert channels (sends a test alert), then exit")
     return p
@@ -76,6 +82,7 @@ def _flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "train.total_steps": args.total_steps, "train.ckpt_every": args.ckpt_every,
         "train.eval_every": args.eval_every, "train.log_every": args.log_every, "train.seed": args.seed,
         "train.device": args.device, "train.compile": args.compile, "train.min_tokens_per_s": args.min_tokens_per_s,
+        "spike.skip_spike_steps": args.skip_spike_steps,
     }
     return {k: v for k, v in pairs.items() if v is not None}
 
@@ -310,6 +317,9 @@ def _train(args: argparse.Namespace, log: Any) -> int:
     from .loop import StopFlag
 
     limits = budget_limits(args)
+    if args.inject_spike_at_step is not None and (args.inject_spike_at_step < 1 or args.spike_batches < 1):
+        raise X1Error(f"--inject-spike-at-step {args.inject_spike_at_step} and --spike-batches {args.spike_batches} "
+                      "must be at least 1")
     device = resolve_device(cfg.train.device)
     ckpt_dir = Path(args.ckpt_dir)
     fpt = flops.flops_per_token(cfg.model)
@@ -355,6 +365,7 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     from .env import versions
     from .loop import Diverged, LoopState, Run, train_loop
     from .model import Transformer, state_dict_for_saving
+    from .spike import SpikeDetector, SpikeInjector, SpikeSchedule, SpikeWatch, rare_token_distribution, unigram_counts
     from .tracking import MlflowTracker, resolve_uri, run_tags
 
     use_flash = hardware_plan(cfg, device, log)
@@ -450,6 +461,7 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
             "config_sha256": cfg.sha256(), "config": cfg.to_dict(),
             "mlflow_uri": uri, "mlflow_run_id": tracker.run_id, "restarts": restarts,
             "budget": monitor.snapshot_json() if monitor is not None else None,
+            "spike": spike_watch.state(),
             "versions": versions(), "world_size": 1,
             "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -469,6 +481,26 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
                           "final_safetensors": str((ckpt_dir / ck.FINAL_MODEL).resolve()),
                           "final_safetensors_sha256": hashes[ck.FINAL_MODEL]})
 
+    injector = None
+    if args.inject_spike_at_step is not None:
+        counts = unigram_counts(data.directory, data.train, cfg.model.vocab_size, cache_dir=ckpt_dir, log=log)
+        ids, probs = rare_token_distribution(counts, data.meta.get("eot_id"))
+        injector = SpikeInjector(SpikeSchedule(args.inject_spike_at_step, args.spike_batches), ids, probs,
+                                 cfg.train.seed)
+        last = args.inject_spike_at_step + args.spike_batches - 1
+        tracker.set_tags({"spike_injection": f"steps {args.inject_spike_at_step}..{last} "
+                          f"(--inject-spike-at-step {args.inject_spike_at_step} --spike-batches {args.spike_batches})",
+                          "spike_inject_at_step": args.inject_spike_at_step, "spike_batches": args.spike_batches})
+        log(f"spike injection planned: steps {args.inject_spike_at_step}..{last} on rare-token batches "
+            f"({len(ids)} rarest token types of the train split)")
+    sc = cfg.spike
+    spike_watch = SpikeWatch(SpikeDetector(sc.ema_alpha, sc.warmup_steps, sc.loss_sigma, sc.min_loss_jump,
+                                           sc.grad_factor, sc.grad_window),
+                             injector, sc.skip_spike_steps, args.force_inject, log, tracker.log_metrics,
+                             tracker.set_tags)
+    if found is not None and found.state.get("spike"):
+        spike_watch.load_state(found.state["spike"])
+
     monitor = None
     if limits is not None:
         def send_alert(subject: str, body: str) -> None:
@@ -482,7 +514,7 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     if found is not None:
         checkpointer.last_saved_step = found.step
     progress = ProgressFile(ckpt_dir, started_unix, checkpointer)
-    hooks: list[Any] = [progress]
+    hooks: list[Any] = [progress, spike_watch]
     if monitor is not None:
         hooks.append(monitor)
         first = br.outcome_of(monitor.check(state.step, cfg.train.total_steps, 0.0), state.step)
@@ -496,7 +528,7 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=optimizer, device=device, batches=iter(prefetch),
               chunks=list(range(chunks_per_step)), val_batches=val_batches, flops_per_token=fpt.honest,
               peak_tflops=peak, tracker=tracker, console=log, stop=stop, checkpointer=checkpointer,
-              hooks=hooks, lab_flops_per_token=fpt.lab_6n)
+              hooks=hooks, lab_flops_per_token=fpt.lab_6n, batch_source=injector, spike_watch=spike_watch)
     status = "FAILED"
     try:
         outcome = train_loop(run, state)
