@@ -352,6 +352,25 @@ def write_progress(ckpt_dir: Path, info: dict[str, Any]) -> None:
     write_text_atomic(ckpt_dir / PROGRESS, json.dumps(info, sort_keys=True))
 
 
+EXIT_STATUS = "exit_status.json"
+
+
+def write_exit_status(ckpt_dir: Path, code: int, reason: str) -> None:
+    """Rank 0's exit code, for the watchdog: torchrun reports any failing worker as 1, which would hide a
+    budget stop (3, 4) or a divergence (5) behind a relaunchable code."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(ckpt_dir / EXIT_STATUS, json.dumps({"exit_code": code, "reason": reason, "pid": os.getpid(),
+                                                          "time_unix": time.time()}))
+
+
+def read_exit_status(ckpt_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((ckpt_dir / EXIT_STATUS).read_text())
+        return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def read_progress(ckpt_dir: Path) -> dict[str, Any] | None:
     try:
         data = json.loads((ckpt_dir / PROGRESS).read_text())

@@ -213,7 +213,7 @@ def _section_from_dict(cls: type, data: Any, prefix: str, problems: list[str]) -
     return cls(**kwargs)
 
 
-def from_dict(data: Any, source: str = "config") -> Config:
+def from_dict(data: Any, source: str = "config", world_size: int = 1) -> Config:
     problems: list[str] = []
     if data is None:
         data = {}
@@ -228,7 +228,12 @@ def from_dict(data: Any, source: str = "config") -> Config:
             continue
         sections[name] = _section_from_dict(SECTIONS[name], value, name, problems)
     cfg = Config(**sections)
-    problems.extend(validate(cfg))
+    if world_size > 1:  # the global batch stays; each rank accumulates fewer micro-batches
+        t = cfg.train
+        per_rank, rest = divmod(t.batch_size, max(t.micro_batch_size, 1) * world_size)
+        if rest == 0 and per_rank > 0:
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, grad_accum_steps=per_rank))
+    problems.extend(validate(cfg, world_size))
     if problems:
         raise ConfigError(problems, source)
     return cfg
@@ -290,8 +295,12 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
     return p
 
 
-def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[str] | None = None) -> Config:
-    """Load ``path``, apply flag ``overrides`` ({"train.total_steps": 100}) then ``--set`` strings."""
+def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[str] | None = None,
+         world_size: int = 1) -> Config:
+    """Load ``path``, apply flag ``overrides`` ({"train.total_steps": 100}) then ``--set`` strings.
+
+    With ``world_size`` > 1, ``train.grad_accum_steps`` becomes batch_size / (micro_batch_size x world_size)
+    (an error when that does not divide), so the global batch is the same on any number of ranks."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -323,7 +332,7 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[s
         target[name] = value
     if problems:
         raise ConfigError(problems, str(path))
-    return from_dict(merged, str(path))
+    return from_dict(merged, str(path), world_size)
 
 
 def config_sha256(cfg: Config) -> str:
@@ -340,6 +349,15 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+# Keys that change how a run is operated, not what it computes: a resume may change them freely.
+OPERATIONAL_KEYS = frozenset({
+    "train.log_every", "train.eval_every", "train.eval_batches", "train.ckpt_every", "train.prefetch",
+    "train.compile", "train.compile_mode", "train.device", "train.min_tokens_per_s", "train.throughput_window",
+    "checkpoint.keep_last", "checkpoint.async_save", "spike.ema_alpha", "spike.warmup_steps", "spike.loss_sigma",
+    "spike.min_loss_jump", "spike.grad_factor", "spike.grad_window",
+})
 
 
 def diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:

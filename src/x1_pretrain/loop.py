@@ -20,6 +20,7 @@ from torch import nn
 
 from .config import Config
 from .data import Batch
+from .distributed import World, agree_max, mean_over_ranks
 from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SLOW
 from .schedule import lr_at
 
@@ -95,7 +96,8 @@ class Run:
     val_batches: list[tuple[torch.Tensor, torch.Tensor]]
     flops_per_token: int
     peak_tflops: float | None
-    world_size: int = 1
+    world: World = field(default_factory=World)
+    ddp: Any = None                  # the DistributedDataParallel wrapper, for no_sync on accumulation steps
     tracker: Tracker | None = None
     console: Callable[[str], None] = print
     clock: Callable[[], float] = time.monotonic
@@ -105,6 +107,10 @@ class Run:
     hooks: list[StepHook] = field(default_factory=list)
     lab_flops_per_token: int | None = None
     spike_watch: Any = None          # spike.SpikeWatch: consulted before each update (may skip it)
+
+    @property
+    def world_size(self) -> int:
+        return self.world.size
 
     @property
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -170,8 +176,7 @@ def train_step(run: Run, step: int) -> tuple[float, float]:
             batch = run.batch_source.replace(step, chunk, batch)
         x = batch.x.to(run.device, non_blocking=True)
         y = batch.y.to(run.device, non_blocking=True)
-        no_sync = getattr(run.model, "no_sync", None)
-        sync_ctx = no_sync() if no_sync is not None and i < n - 1 else contextlib.nullcontext()
+        sync_ctx = run.ddp.no_sync() if run.ddp is not None and i < n - 1 else contextlib.nullcontext()
         with sync_ctx:
             with run.autocast:
                 loss = run.model(x, y)
@@ -179,10 +184,7 @@ def train_step(run: Run, step: int) -> tuple[float, float]:
         loss_sum += loss.detach()
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), clip))
-    mean_loss = loss_sum / n
-    if run.world_size > 1:
-        torch.distributed.all_reduce(mean_loss, op=torch.distributed.ReduceOp.AVG)
-    loss_value = float(mean_loss)
+    loss_value = float(mean_over_ranks(loss_sum / n, run.world))
     if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
         run.optimizer.zero_grad(set_to_none=True)
         raise Diverged(step + 1, loss_value, grad_norm)  # numbered like the console: steps done
@@ -246,32 +248,40 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
             mfu_s = f"{mfu * 100:5.1f}%" if math.isfinite(mfu) else "  n/a"
             run.console(f"step {done:>7}/{cfg.total_steps} | loss {loss:7.4f} | lr {metrics['train/lr']:.2e} | "
                         f"grad {grad_norm:7.3f} | {tps:10,.0f} tok/s | MFU {mfu_s} | ETA {_fmt_eta(eta)}")
-            if cfg.min_tokens_per_s is not None and meter.warm and tps < cfg.min_tokens_per_s:
-                run.console(f"throughput {tps:,.0f} tokens/s over the last {len(meter.times)} steps is below "
-                            f"--min-tokens-per-s {cfg.min_tokens_per_s:,.0f}: stopping to diagnose")
-                return _end(run, state, Outcome(EXIT_SLOW, "throughput below floor", done), checkpoint=True)
+        verdict: tuple[Outcome, bool] | None = None
+        if cfg.min_tokens_per_s is not None and meter.warm and run.world.main and \
+                "train/tokens_per_s" in metrics and metrics["train/tokens_per_s"] < cfg.min_tokens_per_s:
+            run.console(f"throughput {metrics['train/tokens_per_s']:,.0f} tokens/s over the last {len(meter.times)} "
+                        f"steps is below --min-tokens-per-s {cfg.min_tokens_per_s:,.0f}: stopping to diagnose")
+            verdict = (Outcome(EXIT_SLOW, "throughput below floor", done), True)
 
         if done % cfg.eval_every == 0 and done != cfg.total_steps:
             _eval_and_log(run, state)
 
         for hook in run.hooks:
-            verdict = hook.after_step(run, state, metrics)
-            if verdict is not None:
-                outcome, want_ckpt = verdict
-                return _end(run, state, outcome, checkpoint=want_ckpt)
+            if verdict is None:
+                verdict = hook.after_step(run, state, metrics)
+
+        # Every rank acts on the same decisions at the same step: rank 0's verdict, anyone's signal.
+        code, want_ckpt, stop, ckpt_now = agree_max(
+            [verdict[0].exit_code if verdict else 0, int(verdict[1]) if verdict else 0,
+             int(run.stop.requested is not None), int(run.stop.checkpoint_now)], run.world, run.device)
+        if code:
+            outcome = verdict[0] if verdict else Outcome(code, "stopped by rank 0", done)
+            return _end(run, state, outcome, checkpoint=bool(want_ckpt))
 
         if run.checkpointer is not None and done % cfg.ckpt_every == 0 and done != cfg.total_steps:
             run.checkpointer.save(run, state, "periodic")
-        elif run.checkpointer is not None and run.stop.checkpoint_now:
+        elif run.checkpointer is not None and ckpt_now:
             run.checkpointer.save(run, state, "requested (SIGUSR1)")
         run.stop.checkpoint_now = False
 
-        if run.stop.requested:
-            run.console(f"{run.stop.requested} received: stopping after step {done} with a checkpoint")
-            outcome = _end(run, state, Outcome(EXIT_INTERRUPTED, f"interrupted by {run.stop.requested}", done),
-                           checkpoint=True)
+        if stop:
+            why = run.stop.requested or "a signal to another rank"
+            run.console(f"{why} received: stopping after step {done} with a checkpoint")
+            outcome = _end(run, state, Outcome(EXIT_INTERRUPTED, f"interrupted by {why}", done), checkpoint=True)
             if run.stop.requested_at is not None:
-                run.console(f"clean stop {run.clock() - run.stop.requested_at:.2f} s after {run.stop.requested}")
+                run.console(f"clean stop {run.clock() - run.stop.requested_at:.2f} s after {why}")
             return outcome
 
     _eval_and_log(run, state)

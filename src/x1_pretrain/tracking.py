@@ -276,3 +276,30 @@ def run_tags(device_name: str) -> dict[str, str]:
         tags["mlflow.source.git.commit"] = commit.removesuffix("-dirty")
         tags["git_commit"] = commit
     return tags
+
+
+class NullTracker:
+    """The tracker of ranks other than 0: they train, rank 0 alone reports."""
+
+    run_id: str | None = None
+    uri = ""
+    reachable = True
+    resumed = False
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        return None
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        return None
+
+    def log_metrics(self, step: int, metrics: dict[str, float], timestamp_ms: int | None = None) -> None:
+        return None
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        return None
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        return True
+
+    def close(self, status: str = "FINISHED", timeout_s: float | None = None, spill_dir: Path | None = None) -> None:
+        return None

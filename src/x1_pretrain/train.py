@@ -96,15 +96,20 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_device(name: str) -> Any:
+def resolve_device(name: str, local_rank: int = 0, world_size: int = 1) -> Any:
+    """The device of this process; under torchrun on GPUs, the GPU of its local rank."""
     import torch
 
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and world_size > 1:
+        name = f"cuda:{local_rank}"
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise X1Error(f"train.device {name!r}: no CUDA device is visible (torch {torch.__version__}, "
                       f"CUDA build {torch.version.cuda}); use --device cpu or check nvidia-smi")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     return dev
 
 
@@ -245,13 +250,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {flag} is not available yet ({owner}); remove it to train without it", file=sys.stderr)
             return EXIT_USAGE
     try:
-        return _train(args, log)
+        code, reason = _train(args, log), "see the log"
     except X1Error as e:
         print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        code, reason = e.exit_code, str(e).splitlines()[0]
     except KeyboardInterrupt:
         print("aborted by a second SIGINT: no checkpoint written for the current step", file=sys.stderr)
-        return EXIT_ABORTED
+        code, reason = EXIT_ABORTED, "aborted by a second SIGINT"
+    if os.environ.get("RANK", "0") == "0" and not args.dry_run_budget:
+        from .checkpoint import write_exit_status
+
+        try:
+            write_exit_status(Path(args.ckpt_dir), code, reason)
+        except OSError as e:
+            print(f"warning: could not record the exit status in {args.ckpt_dir} ({e})", file=sys.stderr)
+    return code
 
 
 class ProgressFile:
@@ -286,8 +299,10 @@ def _check_resume_compatible(found: Any, cfg: Any, data: Any, allow: bool, log: 
 
     saved = found.state
     changes: list[str] = []
-    if saved.get("config_sha256") != cfg.sha256():
-        for key, old, new in C.diff(saved.get("config", {}), cfg.to_dict()):
+    for key, old, new in C.diff(saved.get("config", {}), cfg.to_dict()):
+        if key in C.OPERATIONAL_KEYS:
+            log(f"note: {key} changed from {old!r} to {new!r} since the checkpoint (operational; allowed)")
+        else:
             changes.append(f"{key}: {old!r} -> {new!r}")
     if saved.get("data_identity") != data.identity:
         changes.append(f"data: {data.directory}/meta.json describes other tokens than the run was trained on "
@@ -304,9 +319,16 @@ def _check_resume_compatible(found: Any, cfg: Any, data: Any, allow: bool, log: 
 
 def _train(args: argparse.Namespace, log: Any) -> int:
     from . import config as C
+    from . import distributed
 
     started_unix = time.time()
-    cfg = C.load(args.config, _flag_overrides(args), args.set)
+    world = distributed.world_from_env()
+    cfg = C.load(args.config, _flag_overrides(args), args.set, world_size=world.size)
+    if not world.main:  # ranks other than 0 train quietly; errors still reach stderr
+        log = _quiet
+    elif world.size > 1:
+        log(f"data parallel over {world.size} ranks: global batch {cfg.train.batch_size} = micro-batch "
+            f"{cfg.train.micro_batch_size} x grad accumulation {cfg.train.grad_accum_steps} x {world.size} ranks")
     import numpy as np  # noqa: F401  (imported before torch on purpose: fail fast on a broken env)
 
     from . import alerts, flops
@@ -320,7 +342,7 @@ def _train(args: argparse.Namespace, log: Any) -> int:
     if args.inject_spike_at_step is not None and (args.inject_spike_at_step < 1 or args.spike_batches < 1):
         raise X1Error(f"--inject-spike-at-step {args.inject_spike_at_step} and --spike-batches {args.spike_batches} "
                       "must be at least 1")
-    device = resolve_device(cfg.train.device)
+    device = resolve_device(cfg.train.device, world.local_rank, world.size)
     ckpt_dir = Path(args.ckpt_dir)
     fpt = flops.flops_per_token(cfg.model)
     dev_name = device_name(device)
@@ -345,15 +367,21 @@ def _train(args: argparse.Namespace, log: Any) -> int:
 
     stop = StopFlag()
     restore_signals = install_signal_handlers(stop)
+    distributed.init(world, device.type)
     try:
         return _train_with(args, cfg, log, stop, limits, device, ckpt_dir, fpt, dev_name, peak, started_unix,
-                           alerter if limits is not None else None)
+                           alerter if limits is not None else None, world)
     finally:
         restore_signals()
+        distributed.shutdown(world)
+
+
+def _quiet(msg: str) -> None:
+    return None
 
 
 def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits: Any, device: Any, ckpt_dir: Path,
-                fpt: Any, dev_name: str, peak: float | None, started_unix: float, alerter: Any) -> int:
+                fpt: Any, dev_name: str, peak: float | None, started_unix: float, alerter: Any, world: Any) -> int:
     """Everything after the launch gate (signal handlers are installed around this)."""
     import torch
 
@@ -366,7 +394,7 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     from .loop import Diverged, LoopState, Run, train_loop
     from .model import Transformer, state_dict_for_saving
     from .spike import SpikeDetector, SpikeInjector, SpikeSchedule, SpikeWatch, rare_token_distribution, unigram_counts
-    from .tracking import MlflowTracker, resolve_uri, run_tags
+    from .tracking import MlflowTracker, NullTracker, resolve_uri, run_tags
 
     use_flash = hardware_plan(cfg, device, log)
     data = open_token_data(args.data_dir, cfg.model.vocab_size, cfg.model.seq_len)
@@ -408,10 +436,14 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     for line in flops.describe(cfg.model, dev_name if device.type == "cuda" else None, args.peak_tflops).splitlines():
         log(line)
 
-    forward: Any = model
+    ddp = None
+    if world.size > 1:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
+                                                        else None)
+    forward: Any = ddp if ddp is not None else model
     if cfg.train.compile:
         log(f"torch.compile mode={cfg.train.compile_mode} (first step includes compilation)")
-        forward = _CompileFallback(torch.compile(model, mode=cfg.train.compile_mode), model, log)
+        forward = _CompileFallback(torch.compile(forward, mode=cfg.train.compile_mode), forward, log)
 
     chunks_per_step = cfg.train.batch_size // cfg.train.micro_batch_size
     sampler = Sampler(data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size, chunks_per_step)
@@ -423,11 +455,13 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
         f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")
 
     run_name = args.run_name or f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    tracker = MlflowTracker(uri, artifact_location, run_name, run_id=run_id, experiment=args.experiment)
+    tracker: Any = MlflowTracker(uri, artifact_location, run_name, run_id=run_id, experiment=args.experiment) \
+        if world.main else NullTracker()
     restarts = int(os.environ.get("X1_RESTART_COUNT", "0") or 0)
     if found is None:
         tracker.log_params({**C.flatten(cfg.to_dict()), "config_sha256": cfg.sha256(), "seed": cfg.train.seed,
-                            "world_size": 1, "data_dir": str(data.directory), "tokens_per_step": cfg.tokens_per_step(),
+                            "world_size": world.size, "data_dir": str(data.directory),
+                            "tokens_per_step": cfg.tokens_per_step(),
                             **{f"version.{k}": v for k, v in versions().items()}})
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         cfg_file = ckpt_dir / f".resolved-config-{os.getpid()}.yaml"
@@ -462,7 +496,7 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
             "mlflow_uri": uri, "mlflow_run_id": tracker.run_id, "restarts": restarts,
             "budget": monitor.snapshot_json() if monitor is not None else None,
             "spike": spike_watch.state(),
-            "versions": versions(), "world_size": 1,
+            "versions": versions(), "world_size": world.size,
             "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
 
@@ -502,7 +536,7 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
         spike_watch.load_state(found.state["spike"])
 
     monitor = None
-    if limits is not None:
+    if limits is not None and world.main:
         def send_alert(subject: str, body: str) -> None:
             alerter.send(subject, body)
 
@@ -510,11 +544,13 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
                                    send_alert=send_alert, log=log, metrics=tracker.log_metrics)
 
     checkpointer = ck.Checkpointer(ckpt_dir, cfg.checkpoint.keep_last, cfg.checkpoint.async_save,
-                                   state_dict_for_saving, trainer_state, log, on_saved, on_final, before_save)
-    if found is not None:
+                                   state_dict_for_saving, trainer_state, log, on_saved, on_final, before_save) \
+        if world.main else None
+    if found is not None and checkpointer is not None:
         checkpointer.last_saved_step = found.step
-    progress = ProgressFile(ckpt_dir, started_unix, checkpointer)
-    hooks: list[Any] = [progress, spike_watch]
+    hooks: list[Any] = [spike_watch]
+    if checkpointer is not None:
+        hooks.insert(0, ProgressFile(ckpt_dir, started_unix, checkpointer))
     if monitor is not None:
         hooks.append(monitor)
         first = br.outcome_of(monitor.check(state.step, cfg.train.total_steps, 0.0), state.step)
@@ -523,10 +559,11 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
             log(f"{outcome.reason} (before training; exit {outcome.exit_code})")
             tracker.close("KILLED", spill_dir=ckpt_dir)
             return outcome.exit_code
-    prefetch = Prefetcher(data.train, sampler, list(range(chunks_per_step)), state.step, cfg.train.total_steps,
+    my_chunks = world.chunks(cfg.train.grad_accum_steps)
+    prefetch = Prefetcher(data.train, sampler, my_chunks, state.step, cfg.train.total_steps,
                           cfg.train.prefetch, pin=device.type == "cuda")
     run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=optimizer, device=device, batches=iter(prefetch),
-              chunks=list(range(chunks_per_step)), val_batches=val_batches, flops_per_token=fpt.honest,
+              chunks=my_chunks, val_batches=val_batches, flops_per_token=fpt.honest, world=world, ddp=ddp,
               peak_tflops=peak, tracker=tracker, console=log, stop=stop, checkpointer=checkpointer,
               hooks=hooks, lab_flops_per_token=fpt.lab_6n, batch_source=injector, spike_watch=spike_watch)
     status = "FAILED"
@@ -549,7 +586,8 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     finally:
         prefetch.close()
         try:
-            checkpointer.wait()
+            if checkpointer is not None:
+                checkpointer.wait()
         finally:
             tracker.close(status, spill_dir=ckpt_dir)
 

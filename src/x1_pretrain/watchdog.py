@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import read_latest, read_progress
+from .checkpoint import read_exit_status, read_latest, read_progress
 from .errors import EXIT_INTERRUPTED, EXIT_UNEXPECTED, EXIT_USAGE
 
 RELAUNCH = {EXIT_INTERRUPTED, EXIT_UNEXPECTED}
@@ -112,6 +112,16 @@ class Watchdog:
             time.sleep(0.2)
         return None
 
+    def _trainer_code(self, code: int, started_at: float) -> int:
+        """The trainer's own exit code: under torchrun the process we ran reports 1 for any worker failure,
+        so rank 0's recorded status (written after this child started) is the truth."""
+        status = read_exit_status(self.ckpt_dir)
+        if status is None or float(status.get("time_unix", 0)) < started_at - 1 or status["exit_code"] == code:
+            return code
+        self.log(f"the command exited with {code}; the trainer (rank 0) recorded exit {status['exit_code']} "
+                 f"({describe_exit(status['exit_code'])}): acting on that")
+        return int(status["exit_code"])
+
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._forward)
         signal.signal(signal.SIGINT, self._forward)
@@ -120,6 +130,7 @@ class Watchdog:
         exited_at = 0.0
         failures = 0
         while True:
+            started_at = time.time()
             self.child = self._start(cmd, len(self.restarts))
             if pending is not None:
                 pending.downtime_s = round(time.time() - exited_at, 3)
@@ -131,6 +142,7 @@ class Watchdog:
                 pending = None
             code = self.child.wait()
             exited_at = time.time()
+            code = self._trainer_code(code, started_at)
             if self.stop_signal is not None:
                 self.log(f"trainer exited with {code} ({describe_exit(code)}) after the forwarded signal; "
                          "not relaunching", event="stopped", exit_code=code)
