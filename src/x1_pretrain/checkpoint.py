@@ -28,6 +28,8 @@ import torch
 
 from . import safetensors_io
 from .errors import X1Error
+from .fileio import fsync_dir as _fsync_dir
+from .fileio import sha256_file, write_text_atomic
 
 STEP_RE = re.compile(r"^step_(\d{7})$")
 MODEL_FILE, OPTIM_FILE, STATE_FILE, DONE_FILE, PIN_FILE = (
@@ -37,32 +39,6 @@ LATEST, FINAL_MODEL, FINAL_OPTIM, PROGRESS = "latest", "final.safetensors", "fin
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:07d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 # --- RNG state as JSON ------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import numpy as np
 
 from . import __version__
 from .errors import EXIT_OK, EXIT_UNEXPECTED, DataError, X1Error
+from .fileio import fsync_dir
 from .sources import BadShard, Progress, discover, iter_documents
 from .tokenizer import EOT_ID, GPT2_VOCAB_SIZE, Tokenizer, load_gpt2
 
@@ -417,11 +418,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     (out / META).unlink(missing_ok=True)  # from here until the last rename the output is "not finished"
     for name in (TRAIN_BIN, VAL_BIN, COUNTS, META):
         os.replace(tmp[name], out / name)
-    dir_fd = os.open(out, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(out)
     return meta
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import EXIT_OK, EXIT_UNEXPECTED, TokenizerNotFound, X1Error
+from .fileio import sha256_file
 
 if TYPE_CHECKING:
     import tiktoken
@@ -61,14 +62,6 @@ def cache_dir() -> Path:
 
 def cached_file() -> Path:
     return cache_dir() / "gpt2.tiktoken"
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
