@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("aborted by a second SIGINT: no checkpoint written for the current step", file=sys.stderr)
         code, reason = EXIT_ABORTED, "aborted by a second SIGINT"
-    if os.environ.get("RANK", "0") == "0" and not args.dry_run_budget:
+    # Only into a checkpoint dir that exists: a typo in the flags must not create directories.
+    if os.environ.get("RANK", "0") == "0" and not args.dry_run_budget and Path(args.ckpt_dir).is_dir():
         from .checkpoint import write_exit_status
 
         try:
