@@ -1,0 +1,146 @@
+"""Print what a checkpoint writes after a prompt, for a quick look at what the model learned:
+
+    python -m x1_pretrain.sample --checkpoint /workspace/checkpoints --prompt "The capital of France is"
+
+``--checkpoint`` takes the same forms as ``export_hf`` (step dir, checkpoint dir, .safetensors file with
+``--config``). Sampling is temperature + top-k (``--temperature 0`` or ``--greedy``: argmax) from a seeded
+generator, so the same seed, checkpoint and device print the same text. The context is cropped to the
+model's ``seq_len``; generation stops at ``<|endoftext|>`` unless ``--ignore-eot``. The prompt and its
+continuation go to stdout, one sample after another separated by a ``---`` line; notes go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import EXIT_OK, X1Error
+
+if TYPE_CHECKING:
+    import torch
+
+
+def generate(model: Any, ids: list[int], max_new_tokens: int, temperature: float, top_k: int | None,
+             generator: torch.Generator | None, stop_id: int | None = None,
+             allowed_vocab: int | None = None) -> list[int]:
+    """Extend ``ids`` by up to ``max_new_tokens`` tokens; returns the new tokens only.
+
+    ``temperature`` 0 is greedy. ``allowed_vocab`` masks logits of ids the tokenizer cannot decode.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    seq_len = model.config.seq_len
+    x = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(x[:, -seq_len:])[:, -1, :].float()  # (1, V)
+            if allowed_vocab is not None and allowed_vocab < logits.shape[-1]:
+                logits[:, allowed_vocab:] = float("-inf")
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)  # (1, 1)
+            else:
+                logits = logits / temperature
+                if top_k is not None and top_k < logits.shape[-1]:
+                    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
+            token = int(nxt.item())
+            if stop_id is not None and token == stop_id:
+                break
+            new.append(token)
+            x = torch.cat([x, nxt.to(x.dtype)], dim=1)
+    return new
+
+
+def _device(name: str) -> Any:
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise X1Error(f"--device {name}: no CUDA device is visible; use --device cpu")
+    return dev
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m x1_pretrain.sample", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, type=Path,
+                   help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file")
+    p.add_argument("--prompt", default="", help="text to continue (empty: start a new document)")
+    p.add_argument("--max-new-tokens", type=int, default=100)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=200, help="sample among the k likeliest tokens; 0 = all")
+    p.add_argument("--greedy", action="store_true", help="same as --temperature 0")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--ignore-eot", action="store_true", help="keep going after <|endoftext|>")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--config", type=Path, help="YAML config, when the checkpoint carries none")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--tokenizer-file", help="gpt2.tiktoken (default: the cache)")
+    return p
+
+
+def _check(args: argparse.Namespace) -> None:
+    problems = []
+    if args.max_new_tokens < 1:
+        problems.append(f"--max-new-tokens {args.max_new_tokens}: must be at least 1")
+    if args.temperature < 0:
+        problems.append(f"--temperature {args.temperature}: must be >= 0 (0 is greedy)")
+    if args.top_k < 0:
+        problems.append(f"--top-k {args.top_k}: must be >= 0 (0 keeps every token)")
+    if args.num_samples < 1:
+        problems.append(f"--num-samples {args.num_samples}: must be at least 1")
+    if problems:
+        raise X1Error("; ".join(problems))
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from .ckpt_source import load_model, resolve
+    from .tokenizer import load_gpt2
+
+    _check(args)
+    src = resolve(args.checkpoint, args.config, args.set,
+                  warn=lambda m: print(f"[sample] warning: {m}", file=sys.stderr))
+    tok = load_gpt2(args.tokenizer_file)
+    device = _device(args.device)
+    model = load_model(src, device)
+    ids = tok.encode(args.prompt) if args.prompt else [tok.eot_id]
+    too_big = [i for i in ids if i >= src.model.vocab_size]
+    if too_big:
+        raise X1Error(f"--prompt: token id {too_big[0]} is outside this model's vocabulary "
+                      f"(model.vocab_size {src.model.vocab_size}); use a prompt the model can read")
+    temperature = 0.0 if args.greedy else args.temperature
+    print(f"[sample] {src.describe()} on {device}; "
+          + ("greedy" if temperature == 0 else f"temperature {temperature}, top-k {args.top_k or 'all'}, "
+             f"seed {args.seed}"), file=sys.stderr, flush=True)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(args.seed)
+    for n in range(args.num_samples):
+        new = generate(model, ids, args.max_new_tokens, temperature, args.top_k or None, generator,
+                       None if args.ignore_eot else tok.eot_id, allowed_vocab=tok.vocab_size)
+        if n:
+            print("---")
+        print(args.prompt + tok.decode(new), flush=True)
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except X1Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
