@@ -125,7 +125,7 @@ def test_projection_over_the_cap_checkpoints_and_exits_3(demo_data, tmp_path, we
     assert problem is None
     assert 5 <= state["step"] <= 8  # projected crosses 35 after step 5; the check after that step acts
     assert state["budget"]["action"] == "checkpoint-and-exit" and state["budget"]["cap_usd"] == 35.0
-    assert not (ckpt / "final.safetensors").exists()
+    assert (ckpt / "final.safetensors").exists()  # a budget stop is the end of the run: its checkpoint is final
 
 
 def test_spend_over_the_cap_exits_4_without_a_checkpoint(demo_data, tmp_path, webhook):

@@ -3,7 +3,9 @@
 1. write CPython's pydoc topics as a parquet shard (real English prose every Python install carries),
 2. tokenize it with the lab's command,
 3. train the tiny config with the lab's train command under the watchdog, logging to MLflow; half-way
-   the trainer is sent SIGTERM (a spot preemption): it checkpoints, exits 75, and the watchdog resumes it.
+   the trainer is sent SIGTERM (a spot preemption): it checkpoints, exits 75, and the watchdog resumes it,
+4. export the run bundle (export_run) and print the Definition-of-Done table (dod); on a CPU demo the
+   loss band, the spike post-mortem and the termination screenshot fail, as they should.
 
 Everything lands in ``demo-run/`` (or ``--out``); run it again to start over.
 """
@@ -75,6 +77,16 @@ def main(argv: list[str] | None = None) -> int:
         return code
     print(f"\n[demo] done. Look at the run with:\n  MLFLOW_ALLOW_FILE_STORE=true .venv/bin/mlflow ui "
           f"--backend-store-uri {mlruns.as_uri()}   (needs the UI extra: .venv/bin/pip install -e '.[ui]')")
+    # The lab's shutdown steps: export the run into a bundle, then check the Definition of Done on it.
+    bundle = out / "run-bundle"
+    code = _run([py, "-m", "x1_pretrain.export_run", "--mlflow-uri", mlruns.as_uri(), "--output", str(bundle),
+                 "--spent-usd", "0", "--provider", "local"])
+    if code != 0:
+        return code
+    dod_code = _run([py, "-m", "x1_pretrain.dod", "--run-dir", str(bundle)])
+    print(f"\n[demo] run bundle: {bundle}. DoD exit {dod_code}: on a CPU demo the val-loss band (a 24 h A100 run's "
+          "3.20-3.50), the spike post-mortem (written by a person after the spike) and the termination screenshot "
+          "(of a cloud instance) are expected to FAIL; the other checks should PASS.")
     return 0
 
 

@@ -21,7 +21,7 @@ from torch import nn
 from .config import Config
 from .data import Batch
 from .distributed import World, agree_max, mean_over_ranks
-from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_SLOW
+from .errors import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLOW
 from .schedule import lr_at
 
 
@@ -268,7 +268,8 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
              int(run.stop.requested is not None), int(run.stop.checkpoint_now)], run.world, run.device)
         if code:
             outcome = verdict[0] if verdict else Outcome(code, "stopped by rank 0", done)
-            return _end(run, state, outcome, checkpoint=bool(want_ckpt))
+            # A budget stop ends the run for good: its checkpoint is the final one (final.safetensors).
+            return _end(run, state, outcome, checkpoint=bool(want_ckpt), final=code == EXIT_BUDGET_CHECKPOINT)
 
         if run.checkpointer is not None and done % cfg.ckpt_every == 0 and done != cfg.total_steps:
             run.checkpointer.save(run, state, "periodic")

@@ -391,7 +391,7 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     from . import config as C
     from . import flops
     from .data import Prefetcher, Sampler, gather, open_token_data, val_starts
-    from .env import versions
+    from .env import machine, versions
     from .loop import Diverged, LoopState, Run, train_loop
     from .model import Transformer, state_dict_for_saving
     from .spike import SpikeDetector, SpikeInjector, SpikeSchedule, SpikeWatch, rare_token_distribution, unigram_counts
@@ -483,6 +483,8 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     log(f"MLflow: {uri} run {tracker.run_id or '(pending: server unreachable)'}"
         + (" (continued)" if found is not None else ""))
 
+    machine_info = machine()
+
     def trainer_state(run: Any, st: Any) -> dict[str, Any]:
         return {
             "step": st.step, "tokens_seen": st.tokens_seen, "train_time_s": st.train_time_s,
@@ -497,7 +499,7 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
             "mlflow_uri": uri, "mlflow_run_id": tracker.run_id, "restarts": restarts,
             "budget": monitor.snapshot_json() if monitor is not None else None,
             "spike": spike_watch.state(),
-            "versions": versions(), "world_size": world.size,
+            "versions": versions(), "world_size": world.size, "machine": machine_info,
             "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
 
@@ -570,7 +572,9 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     status = "FAILED"
     try:
         outcome = train_loop(run, state)
-        status = "FINISHED" if outcome.exit_code == 0 else "KILLED"
+        # A budget stop with a checkpoint is a planned end of the run (and what export_run exports).
+        status = "FINISHED" if outcome.exit_code in (0, EXIT_BUDGET_CHECKPOINT) else "KILLED"
+        tracker.set_tags({"end_reason": outcome.reason[:4000], "exit_code": outcome.exit_code})
         log(f"{outcome.reason} at step {outcome.step}: exit {outcome.exit_code}")
         return outcome.exit_code
     except Diverged as e:
