@@ -27,6 +27,7 @@ from . import __version__
 from . import safetensors_io as st
 from .ckpt_source import Source, load_model, resolve
 from .errors import EXIT_OK, X1Error
+from .fileio import fsync_tree
 
 
 def generation_config(eos_id: int) -> dict[str, Any]:
@@ -43,17 +44,6 @@ def hf_files(src: Source) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def _fsync_tree(directory: Path) -> None:
-    for p in directory.iterdir():
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_output(output: Path, overwrite: bool) -> None:
@@ -106,7 +96,7 @@ def export(src: Source, output: Path, tokenizer_file: str | None = None, with_to
             "tokenizer": tokenizer_note,
         }
         _write_json(tmp / "x1_export.json", record)
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
         _place(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

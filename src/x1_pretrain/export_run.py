@@ -23,7 +23,7 @@ from typing import Any
 from . import manifest as mf
 from . import plots, runs
 from .errors import X1Error
-from .fileio import fsync_dir, sha256_file
+from .fileio import fsync_dir, fsync_tree, sha256_file
 from .tracking import EXPERIMENT
 
 BUNDLE_FILES = ("manifest.json", "metrics.csv", "loss-curve.png", "gradnorm-curve.png", "throughput.png",
@@ -98,11 +98,7 @@ def write_bundle(out: Path, fill: Any, overwrite: bool) -> None:
             for item in out.iterdir():
                 if item.name not in BUNDLE_FILES:
                     (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
-        for f in tmp.iterdir():
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        fsync_dir(tmp)
+        fsync_tree(tmp)
         if out.exists():
             os.rename(out, old)
         os.rename(tmp, out)

@@ -25,6 +25,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(directory: Path) -> None:
+    """fsync every file directly in ``directory``, then the directory itself (before renaming it)."""
+    for p in directory.iterdir():
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    fsync_dir(directory)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write to a hidden temporary name, fsync, rename into place, fsync the directory."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
