@@ -4,8 +4,10 @@
 2. tokenize it with the lab's command,
 3. train the tiny config with the lab's train command under the watchdog, logging to MLflow; half-way
    the trainer is sent SIGTERM (a spot preemption): it checkpoints, exits 75, and the watchdog resumes it,
-4. export the run bundle (export_run) and print the Definition-of-Done table (dod); on a CPU demo the
-   loss band, the spike post-mortem and the termination screenshot fail, as they should.
+   At three quarters of the run a loss spike is injected (--inject-spike-at-step, the lab's DoD check 3),
+4. export the run bundle (export_run), draft the spike post-mortem into it (postmortem) and print the
+   Definition-of-Done table (dod); on a CPU demo the loss band and the termination screenshot fail, as
+   they should.
 
 Everything lands in ``demo-run/`` (or ``--out``); run it again to start over.
 """
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     train = [py, "-m", "x1_pretrain.train", "--config", str(args.config), "--data-dir", str(data),
              "--ckpt-dir", str(ckpt), "--mlflow-uri", mlruns.as_uri(), "--total-steps", str(args.total_steps),
-             "--ckpt-every", "100", "--eval-every", "50", "--log-every", "10", "--resume-from-latest"]
+             "--ckpt-every", "100", "--eval-every", "50", "--log-every", "10", "--resume-from-latest",
+             "--inject-spike-at-step", str(args.total_steps * 3 // 4)]  # the lab's DoD check 3, on the demo
     code = _train_with_a_preemption(train, ckpt, preempt_at=args.total_steps // 2)
     if code != 0:
         return code
@@ -83,10 +86,15 @@ def main(argv: list[str] | None = None) -> int:
                  "--spent-usd", "0", "--provider", "local"])
     if code != 0:
         return code
+    # The injected spike's post-mortem draft (a person finishes its root-cause and lessons sections).
+    code = _run([py, "-m", "x1_pretrain.postmortem", "--mlflow-uri", mlruns.as_uri(),
+                 "--output", str(bundle / "spike-postmortem.md")])
+    if code != 0:
+        return code
     dod_code = _run([py, "-m", "x1_pretrain.dod", "--run-dir", str(bundle)])
     print(f"\n[demo] run bundle: {bundle}. DoD exit {dod_code}: on a CPU demo the val-loss band (a 24 h A100 run's "
-          "3.20-3.50), the spike post-mortem (written by a person after the spike) and the termination screenshot "
-          "(of a cloud instance) are expected to FAIL; the other checks should PASS.")
+          "3.20-3.50) and the termination screenshot (of a cloud instance) are expected to FAIL; the other checks "
+          "should PASS.")
     return 0
 
 
