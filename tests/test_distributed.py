@@ -76,3 +76,20 @@ def test_the_watchdog_sees_the_trainers_code_through_torchrun(demo_data, tmp_pat
     assert r.returncode == 5, (r.stdout + r.stderr)[-3000:]
     assert "the trainer (rank 0) recorded exit 5 (diverged)" in r.stderr
     assert "relaunching with --resume-from-latest" not in r.stderr
+
+
+def test_a_budget_stop_at_start_ends_every_rank(demo_data, tmp_path):
+    """Rank 0 alone reads the budget; its verdict before the first step must reach rank 1 (no hang)."""
+    from datetime import datetime, timezone
+
+    budget = tmp_path / "budget.json"
+    budget.write_text(json.dumps({"spent_usd": 36.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 30,
+                                  "projected_total_usd": 36.0,
+                                  "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
+    ckpt = tmp_path / "c"
+    r = subprocess.run(ddp_cmd(demo_data, ckpt, 5, "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget),
+                               "--expected-step-s", "0.1", "--force-launch"),
+                       capture_output=True, text=True, cwd=REPO, timeout=180)
+    assert r.returncode != 0
+    assert json.loads((ckpt / "exit_status.json").read_text())["exit_code"] == 4
+    assert ck.list_step_dirs(ckpt) == []

@@ -14,6 +14,7 @@ import random
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -370,8 +371,17 @@ def _train(args: argparse.Namespace, log: Any) -> int:
     restore_signals = install_signal_handlers(stop)
     distributed.init(world, device.type)
     try:
-        return _train_with(args, cfg, log, stop, limits, device, ckpt_dir, fpt, dev_name, peak, started_unix,
+        code = _train_with(args, cfg, log, stop, limits, device, ckpt_dir, fpt, dev_name, peak, started_unix,
                            alerter if limits is not None else None, world)
+        if world.size > 1:
+            # Ranks leave together once rank 0 has written its last checkpoint and its exit status: a rank
+            # that left early with a non-zero code would make torchrun signal rank 0 mid-write.
+            import torch
+
+            if world.main and ckpt_dir.is_dir():
+                ck.write_exit_status(ckpt_dir, code, "see the log")
+            torch.distributed.barrier()
+        return code
     finally:
         restore_signals()
         distributed.shutdown(world)
@@ -389,7 +399,7 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     from . import budget_run as br
     from . import checkpoint as ck
     from . import config as C
-    from . import flops
+    from . import distributed, flops
     from .data import Prefetcher, Sampler, gather, open_token_data, val_starts
     from .env import machine, versions
     from .loop import Diverged, LoopState, Run, train_loop
@@ -439,8 +449,12 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
 
     ddp = None
     if world.size > 1:
-        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                                        else None)
+        # broadcast_buffers off: the only buffers are the RoPE tables, the same on every rank. (Newer torch
+        # renames the flag with a FutureWarning; the old name is the one torch 2.5 knows.)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
     forward: Any = ddp if ddp is not None else model
     if cfg.train.compile:
         log(f"torch.compile mode={cfg.train.compile_mode} (first step includes compilation)")
@@ -554,14 +568,18 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     hooks: list[Any] = [spike_watch]
     if checkpointer is not None:
         hooks.insert(0, ProgressFile(ckpt_dir, started_unix, checkpointer))
+    first_code = 0
     if monitor is not None:
         hooks.append(monitor)
         first = br.outcome_of(monitor.check(state.step, cfg.train.total_steps, 0.0), state.step)
-        if first is not None:  # stop before training: nothing new to checkpoint
-            outcome = first[0]
-            log(f"{outcome.reason} (before training; exit {outcome.exit_code})")
-            tracker.close("KILLED", spill_dir=ckpt_dir)
-            return outcome.exit_code
+        if first is not None:
+            first_code = first[0].exit_code
+            log(f"{first[0].reason} (before training; exit {first_code})")
+    if limits is not None:  # every rank learns rank 0's verdict, or the others would wait for it forever
+        (first_code,) = distributed.agree_max([first_code], world, device)
+    if first_code:  # stop before training: nothing new to checkpoint
+        tracker.close("KILLED", spill_dir=ckpt_dir)
+        return first_code
     my_chunks = world.chunks(cfg.train.grad_accum_steps)
     prefetch = Prefetcher(data.train, sampler, my_chunks, state.step, cfg.train.total_steps,
                           cfg.train.prefetch, pin=device.type == "cuda")
