@@ -34,8 +34,8 @@ class BudgetMonitor:
         self.memory = Memory()
         self.last: Decision | None = None
         self._last_check: float | None = None
-        self._t0: float | None = None
-        self._step0 = 0
+        self._seen = 0
+        self._warm: tuple[int, float] | None = None  # (step, time) after the first steps (compile, warm-up)
 
     def snapshot_json(self) -> dict[str, Any] | None:
         """For trainer_state.json: the last good reading and the last decision."""
@@ -45,14 +45,10 @@ class BudgetMonitor:
                 "action": self.last.action.value, "reason": self.last.reason, "spent_usd": self.last.spent_usd,
                 "projected_usd": self.last.projected_usd, "cap_usd": self.limits.cap_usd}
 
-    def check(self, steps_done: int, total_steps: int, final_checkpoint_s: float) -> Decision:
+    def check(self, steps_done: int, total_steps: int, final_checkpoint_s: float,
+              steps_per_hour: float | None = None) -> Decision:
         now_m = self._mono()
-        if self._t0 is None:
-            self._t0, self._step0 = now_m, steps_done
-        hours = (now_m - self._t0) / 3600
-        done_here = steps_done - self._step0
-        sph = done_here / hours if done_here >= 2 and hours > 0 else None
-        progress = Progress(steps_done, total_steps, sph, final_checkpoint_s)
+        progress = Progress(steps_done, total_steps, steps_per_hour, final_checkpoint_s)
         decision, self.memory = decide(self._read(self.source), self.limits, self._now(), progress, self.memory)
         self.last = decision
         self._last_check = now_m
@@ -75,11 +71,23 @@ class BudgetMonitor:
     def due(self) -> bool:
         return self._last_check is None or self._mono() - self._last_check >= self.check_every_s
 
+    def steps_per_hour(self, step: int) -> float | None:
+        """Measured wall-clock speed since the warm-up (evals and checkpoints included, compilation not)."""
+        self._seen += 1
+        now = self._mono()
+        if self._warm is None:
+            if self._seen >= 3:
+                self._warm = (step, now)
+            return None
+        done, hours = step - self._warm[0], (now - self._warm[1]) / 3600
+        return done / hours if done >= 2 and hours > 0 else None
+
     def after_step(self, run: Any, state: Any, metrics: dict[str, float]) -> Any:
+        sph = self.steps_per_hour(state.step)
         if not self.due():
             return None
         ckpt = getattr(run.checkpointer, "last_save_s", 0.0) or 0.0
-        return outcome_of(self.check(state.step, run.cfg.train.total_steps, ckpt), state.step)
+        return outcome_of(self.check(state.step, run.cfg.train.total_steps, ckpt, sph), state.step)
 
 
 def outcome_of(decision: Decision, step: int) -> Any:

@@ -80,6 +80,8 @@ def open_token_data(data_dir: str | Path, vocab_size: int, seq_len: int) -> Toke
         meta = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise DataError(f"{meta_path}: cannot be read as JSON ({e}); {hint}") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}; {hint}")
     meta_vocab = meta.get("vocab_size")
     if meta_vocab != vocab_size:
         raise DataError(f"{meta_path}: vocab_size {meta_vocab} does not match model.vocab_size {vocab_size}; "

@@ -275,7 +275,8 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
             run.checkpointer.save(run, state, "periodic")
         elif run.checkpointer is not None and ckpt_now:
             run.checkpointer.save(run, state, "requested (SIGUSR1)")
-        run.stop.checkpoint_now = False
+        if ckpt_now:  # a SIGUSR1 that arrived after the agreement is served next step
+            run.stop.checkpoint_now = False
 
         if stop:
             why = run.stop.requested or "a signal to another rank"

@@ -252,10 +252,11 @@ class SpikeWatch:
         self._dense_until = max(self._dense_until, step + self._dense_after)
 
     def state(self) -> dict[str, Any]:
-        return {"detector": self.detector.state(),
+        return {"detector": self.detector.state(), "dense_until": self._dense_until,
                 "injection_cancelled": self.injector.cancelled if self.injector else None}
 
     def load_state(self, s: dict[str, Any]) -> None:
         self.detector.load_state(s["detector"])
+        self._dense_until = int(s.get("dense_until", -1))
         if self.injector is not None:
             self.injector.cancelled = s.get("injection_cancelled")

@@ -164,13 +164,14 @@ class MlflowTracker:
                 self._dropped += 1
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        """Synchronous (rare, small files). Failure warns and returns False."""
-        if not self._ensure_run() or self.run_id is None:
-            return
-        try:
-            self._client.log_artifact(self.run_id, str(path), artifact_path)
-        except Exception as e:
-            _warn(f"could not store artifact {path.name} ({type(e).__name__}: {str(e)[:200]})")
+        """Synchronous (rare, small files). Failure warns and returns."""
+        with self._send_lock:  # the sender thread may be creating the run right now
+            if not self._ensure_run() or self.run_id is None:
+                return
+            try:
+                self._client.log_artifact(self.run_id, str(path), artifact_path)
+            except Exception as e:
+                _warn(f"could not store artifact {path.name} ({type(e).__name__}: {str(e)[:200]})")
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Send everything buffered now; True when the buffer is empty afterwards."""

@@ -103,8 +103,8 @@ def resolve_device(name: str, local_rank: int = 0, world_size: int = 1) -> Any:
 
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and world_size > 1:
-        name = f"cuda:{local_rank}"
+    if name == "cuda" or (world_size > 1 and name.startswith("cuda")):
+        name = f"cuda:{local_rank}"  # each rank its own GPU; set_device needs an index
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise X1Error(f"train.device {name!r}: no CUDA device is visible (torch {torch.__version__}, "
@@ -120,13 +120,20 @@ def hardware_plan(cfg: Any, device: Any, log: Any) -> bool:
 
     from .model import flash_available
 
-    if cfg.train.precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    # Ampere (compute capability 8.0) or newer: is_bf16_supported() also counts emulated bf16 on older GPUs,
+    # and flash-attn 2 refuses them at the first forward.
+    ampere = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+    if cfg.train.precision == "bf16" and device.type == "cuda" and not ampere:
         raise X1Error(f"train.precision 'bf16': {torch.cuda.get_device_name(device)} has no bf16 support; "
                       "use --set train.precision=fp32 (slower) or an Ampere-or-newer GPU")
     if cfg.train.attention != "flash":
         return False
     if device.type != "cuda":
         log("warning: train.attention 'flash' needs a CUDA device; using PyTorch SDPA on the CPU")
+        return False
+    if not ampere:
+        log(f"warning: flash-attn needs an Ampere-or-newer GPU ({torch.cuda.get_device_name(device)} is older); "
+            "using PyTorch SDPA")
         return False
     if not flash_available():
         log("warning: flash-attn is not importable (pip install flash-attn==2.6.3 --no-build-isolation, or use "
@@ -410,9 +417,13 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     use_flash = hardware_plan(cfg, device, log)
     data = open_token_data(args.data_dir, cfg.model.vocab_size, cfg.model.seq_len)
     try:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
         uri, artifact_location = resolve_uri(args.mlflow_uri, ckpt_dir)
     except ValueError as e:
         raise X1Error(str(e)) from None
+    except OSError as e:
+        raise X1Error(f"--ckpt-dir {ckpt_dir} cannot be created or written ({e.strerror}); choose a writable "
+                      "directory") from None
 
     found = None
     if args.resume_from_latest:
@@ -432,7 +443,11 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     run_id = None
     if found is not None:
         ck.load_model_state(model, {k: v.to(device) for k, v in ck.load_weights(found.path).items()}, found.path)
-        optimizer.load_state_dict(ck.load_optimizer(found.path))
+        try:
+            optimizer.load_state_dict(ck.load_optimizer(found.path))
+        except ValueError as e:
+            raise X1Error(f"{found.path}: the optimizer state does not fit this run's parameter groups ({e}); "
+                          "optim.decay_embedding or the model changed since the checkpoint") from None
         ck.restore_rng(found.state["rng"])
         s = found.state
         state = LoopState(step=s["step"], tokens_seen=s["tokens_seen"], train_time_s=s["train_time_s"],
@@ -578,7 +593,11 @@ def _train_with(args: argparse.Namespace, cfg: Any, log: Any, stop: Any, limits:
     if limits is not None:  # every rank learns rank 0's verdict, or the others would wait for it forever
         (first_code,) = distributed.agree_max([first_code], world, device)
     if first_code:  # stop before training: nothing new to checkpoint
-        tracker.close("KILLED", spill_dir=ckpt_dir)
+        status = "KILLED"
+        if first_code == EXIT_BUDGET_CHECKPOINT and found is not None and world.main:
+            on_final(found.path, ck.write_final_files(ckpt_dir, found.path))  # the run ends at its last checkpoint
+            status = "FINISHED"
+        tracker.close(status, spill_dir=ckpt_dir)
         return first_code
     my_chunks = world.chunks(cfg.train.grad_accum_steps)
     prefetch = Prefetcher(data.train, sampler, my_chunks, state.step, cfg.train.total_steps,

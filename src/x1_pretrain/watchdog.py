@@ -100,7 +100,9 @@ class Watchdog:
 
     def _start(self, cmd: list[str], restart_no: int) -> subprocess.Popen[bytes]:
         env = {**os.environ, "X1_RESTART_COUNT": str(restart_no)}
-        return subprocess.Popen(cmd, env=env)
+        # Its own session: a terminal's Ctrl-C reaches the watchdog only, which forwards it once. Otherwise
+        # the trainer would get it twice (terminal + forward), and a second SIGINT aborts without a checkpoint.
+        return subprocess.Popen(cmd, env=env, start_new_session=True)
 
     def _latency(self, child: subprocess.Popen[bytes], since: float, timeout_s: float = 3600) -> float | None:
         """Seconds from the previous exit to the start of the new trainer's first step, or None."""
