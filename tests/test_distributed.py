@@ -93,3 +93,15 @@ def test_a_budget_stop_at_start_ends_every_rank(demo_data, tmp_path):
     assert r.returncode != 0
     assert json.loads((ckpt / "exit_status.json").read_text())["exit_code"] == 4
     assert ck.list_step_dirs(ckpt) == []
+
+
+def test_a_usage_error_under_torchrun_is_not_relaunched(demo_data, tmp_path):
+    """A fresh run with a config mistake: no checkpoint dir exists, so rank 0 reports its exit 2 through the
+    status file the watchdog owns ($X1_EXIT_STATUS)."""
+    ckpt = tmp_path / "fresh"
+    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--max-restarts", "3", "--",
+           *ddp_cmd(demo_data, ckpt, 4, "--set", "model.n_head=5")]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 2, (r.stdout + r.stderr)[-3000:]
+    assert "relaunching with --resume-from-latest" not in r.stderr
+    assert not ckpt.exists()

@@ -331,17 +331,25 @@ def write_progress(ckpt_dir: Path, info: dict[str, Any]) -> None:
 EXIT_STATUS = "exit_status.json"
 
 
+EXIT_STATUS_ENV = "X1_EXIT_STATUS"  # a file the watchdog owns and reads after each child
+
+
 def write_exit_status(ckpt_dir: Path, code: int, reason: str) -> None:
     """Rank 0's exit code, for the watchdog: torchrun reports any failing worker as 1, which would hide a
-    budget stop (3, 4) or a divergence (5) behind a relaunchable code."""
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(ckpt_dir / EXIT_STATUS, json.dumps({"exit_code": code, "reason": reason, "pid": os.getpid(),
-                                                          "time_unix": time.time()}))
+    budget stop (3, 4), a divergence (5) or a usage error (2) behind a relaunchable code. Written into an
+    existing checkpoint dir (a typo in the flags must not create directories) and to ``$X1_EXIT_STATUS``."""
+    blob = json.dumps({"exit_code": code, "reason": reason, "pid": os.getpid(), "time_unix": time.time()})
+    targets = [ckpt_dir / EXIT_STATUS] if ckpt_dir.is_dir() else []
+    if os.environ.get(EXIT_STATUS_ENV):
+        targets.append(Path(os.environ[EXIT_STATUS_ENV]))
+    for target in targets:
+        write_text_atomic(target, blob)
 
 
-def read_exit_status(ckpt_dir: Path) -> dict[str, Any] | None:
+def read_exit_status(path: Path) -> dict[str, Any] | None:
+    """The status in ``path`` (a file, or a checkpoint dir holding exit_status.json)."""
     try:
-        data = json.loads((ckpt_dir / EXIT_STATUS).read_text())
+        data = json.loads((path / EXIT_STATUS if path.is_dir() else path).read_text())
         return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
     except (OSError, json.JSONDecodeError):
         return None

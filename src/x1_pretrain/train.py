@@ -265,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("aborted by a second SIGINT: no checkpoint written for the current step", file=sys.stderr)
         code, reason = EXIT_ABORTED, "aborted by a second SIGINT"
-    # Only into a checkpoint dir that exists: a typo in the flags must not create directories.
-    if os.environ.get("RANK", "0") == "0" and not args.dry_run_budget and Path(args.ckpt_dir).is_dir():
+    if os.environ.get("RANK", "0") == "0" and not args.dry_run_budget:
         from .checkpoint import write_exit_status
 
         try:
@@ -385,7 +384,7 @@ def _train(args: argparse.Namespace, log: Any) -> int:
             # that left early with a non-zero code would make torchrun signal rank 0 mid-write.
             import torch
 
-            if world.main and ckpt_dir.is_dir():
+            if world.main:
                 ck.write_exit_status(ckpt_dir, code, "see the log")
             torch.distributed.barrier()
         return code

@@ -20,12 +20,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import read_exit_status, read_latest, read_progress
+from .checkpoint import EXIT_STATUS_ENV, read_exit_status, read_latest, read_progress
 from .errors import EXIT_INTERRUPTED, EXIT_UNEXPECTED, EXIT_USAGE
 
 RELAUNCH = {EXIT_INTERRUPTED, EXIT_UNEXPECTED}
@@ -83,6 +84,7 @@ class Watchdog:
         self.child: subprocess.Popen[bytes] | None = None
         self.stop_signal: int | None = None
         self.restarts: list[Restart] = []
+        self.status_file = Path(tempfile.gettempdir()) / f"x1-watchdog-{os.getpid()}-exit.json"
 
     def log(self, msg: str, **event: Any) -> None:
         print(f"[watchdog] {msg}", file=sys.stderr, flush=True)
@@ -99,7 +101,7 @@ class Watchdog:
             self.child.send_signal(signum)
 
     def _start(self, cmd: list[str], restart_no: int) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "X1_RESTART_COUNT": str(restart_no)}
+        env = {**os.environ, "X1_RESTART_COUNT": str(restart_no), EXIT_STATUS_ENV: str(self.status_file)}
         # Its own session: a terminal's Ctrl-C reaches the watchdog only, which forwards it once. Otherwise
         # the trainer would get it twice (terminal + forward), and a second SIGINT aborts without a checkpoint.
         return subprocess.Popen(cmd, env=env, start_new_session=True)
@@ -117,7 +119,7 @@ class Watchdog:
     def _trainer_code(self, code: int, started_at: float) -> int:
         """The trainer's own exit code: under torchrun the process we ran reports 1 for any worker failure,
         so rank 0's recorded status (written after this child started) is the truth."""
-        status = read_exit_status(self.ckpt_dir)
+        status = read_exit_status(self.status_file) or read_exit_status(self.ckpt_dir)
         if status is None or float(status.get("time_unix", 0)) < started_at - 1 or status["exit_code"] == code:
             return code
         self.log(f"the command exited with {code}; the trainer (rank 0) recorded exit {status['exit_code']} "
@@ -195,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         print("error: no train command after --", file=sys.stderr)
         return EXIT_USAGE
-    return Watchdog(cmd, args.max_restarts, args.backoff_s, args.max_backoff_s, args.log_file).run()
+    wd = Watchdog(cmd, args.max_restarts, args.backoff_s, args.max_backoff_s, args.log_file)
+    try:
+        return wd.run()
+    finally:
+        wd.status_file.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":
