@@ -43,6 +43,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from .errors import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
+from .fileio import write_text_atomic
 
 PROVIDERS = ("lambda", "runpod", "clock")
 DEFAULT_BASE_URL = {"lambda": "https://cloud.lambdalabs.com", "runpod": "https://api.runpod.io"}
@@ -217,16 +218,7 @@ def request_json(url: str, key: str, timeout_s: float, body: dict[str, Any] | No
 
 def write_json_atomic(path: Path, obj: Any) -> None:
     """Write to a temporary name in the same directory, fsync, rename into place."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def utc_now() -> datetime:

@@ -37,9 +37,12 @@ def fsync_tree(directory: Path) -> None:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write to a hidden temporary name, fsync, rename into place, fsync the directory."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only left when the write failed
     fsync_dir(path.parent)

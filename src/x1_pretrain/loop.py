@@ -160,8 +160,8 @@ class Throughput:
         return sum(self.times) / len(self.times) if self.times else float("nan")
 
 
-def train_step(run: Run, step: int) -> tuple[float, float]:
-    """One optimizer step over all this rank's chunks. Returns (mean loss, grad norm before clipping)."""
+def train_step(run: Run, step: int) -> tuple[float, float, float]:
+    """One optimizer step over all this rank's chunks. Returns (mean loss, grad norm before clipping, lr)."""
     cfg = run.cfg
     lr = lr_at(step, cfg.optim, cfg.train.total_steps)
     for group in run.optimizer.param_groups:
@@ -192,7 +192,7 @@ def train_step(run: Run, step: int) -> tuple[float, float]:
     if not skip:
         run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return loss_value, grad_norm
+    return loss_value, grad_norm, lr
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -216,7 +216,7 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
     while state.step < cfg.total_steps:
         step = state.step
         t0 = run.clock()
-        loss, grad_norm = train_step(run, step)
+        loss, grad_norm, lr = train_step(run, step)
         if run.device.type == "cuda":
             torch.cuda.synchronize(run.device)
         dt = run.clock() - t0
@@ -229,7 +229,7 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
         done = state.step
 
         metrics: dict[str, float] = {"train/loss": loss, "train/grad_norm": grad_norm,
-                                     "train/lr": lr_at(step, run.cfg.optim, cfg.total_steps)}
+                                     "train/lr": lr}
         if done % cfg.log_every == 0 or done == 1 or done == cfg.total_steps:
             mean_dt = meter.mean_step_s() if meter.times else dt
             tps = tokens_per_step / mean_dt

@@ -23,6 +23,7 @@ from typing import Any
 from . import runs
 from .config import SpikeConfig
 from .errors import EXIT_OK, EXIT_UNEXPECTED, X1Error
+from .fileio import write_text_atomic
 from .spike import SpikeDetector
 
 BEFORE = 20          # steps before the spike whose logged losses make its baseline trend
@@ -251,12 +252,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -281,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(spike, a, points, grad_clip, tmp_png, f"{spike.kind} loss spike at step {spike.first} "
              f"(run {run.run_name})")
         os.replace(tmp_png, png)
-        _write_atomic(out, render(run, spike, a, points, grad_clip, thresholds, png.name))
+        write_text_atomic(out, render(run, spike, a, points, grad_clip, thresholds, png.name))
     except X1Error as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
