@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n 2 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from x1_pretrain import checkpoint as ck
-from x1_pretrain.config import Config
-from x1_pretrain.model import Transformer, state_dict_for_saving
+from x1_pretrain.core.config import Config
+from x1_pretrain.model.transformer import Transformer, state_dict_for_saving
+from x1_pretrain.training import checkpoint as ck
 
 
 def main() -> int:
@@ -40,7 +40,7 @@ def main() -> int:
         rows = []
         for r in range(args.repeats):
             t0 = time.perf_counter()
-            snap = ck.Snapshot(r + 1, ck._to_cpu(state_dict_for_saving(model)), ck._to_cpu(opt.state_dict()),
+            snap = ck.Snapshot(r + 1, ck.to_cpu(state_dict_for_saving(model)), ck._to_cpu(opt.state_dict()),
                                {"step": r + 1})
             pause = time.perf_counter() - t0
             path, size = ck.write_step_dir(base, snap)

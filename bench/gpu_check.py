@@ -61,7 +61,7 @@ def _version(dist: str) -> str | None:
 
 # --- what the phases measure -------------------------------------------------------------------------
 def load_config(path: Path, tiny: bool) -> Any:
-    from x1_pretrain import config as C
+    from x1_pretrain.core import config as C
 
     cfg = C.load(path)
     if tiny:  # the CPU smoke: same code, small numbers
@@ -74,8 +74,8 @@ def load_config(path: Path, tiny: bool) -> Any:
 def build(cfg: Any, device: Any, use_flash: bool, seed: int = 0) -> tuple[Any, Any]:
     import torch
 
-    from x1_pretrain.model import Transformer
-    from x1_pretrain.train import build_optimizer
+    from x1_pretrain.model.transformer import Transformer
+    from x1_pretrain.training.optim import build_optimizer
 
     torch.manual_seed(seed)
     model = Transformer(cfg.model).to(device)
@@ -88,8 +88,8 @@ def throughput(cfg: Any, device: Any, compile_mode: str, max_steps: int, measure
     """Micro-steps of the lab's training step on random ids; an optimizer step every grad_accum micro-steps."""
     import torch
 
-    from x1_pretrain import flops
-    from x1_pretrain.model import flash_available
+    from x1_pretrain.model import flops
+    from x1_pretrain.model.transformer import flash_available
 
     cuda = device.type == "cuda"
     use_flash = cuda and flash_available()
@@ -155,7 +155,7 @@ def bf16_vs_fp32(cfg: Any, device: Any, steps: int, batch: int) -> dict[str, Any
     """The same init and fixed batch trained ``steps`` optimizer steps in true fp32 and in bf16 autocast."""
     import torch
 
-    from x1_pretrain.model import flash_available
+    from x1_pretrain.model.transformer import flash_available
 
     cuda = device.type == "cuda"
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
@@ -198,7 +198,7 @@ def report(device: Any) -> dict[str, Any]:
     import torch
 
     from x1_pretrain import __version__
-    from x1_pretrain.model import flash_available
+    from x1_pretrain.model.transformer import flash_available
 
     info: dict[str, Any] = {
         "python": platform.python_version(), "torch": torch.__version__, "cuda (torch build)": torch.version.cuda,
@@ -228,7 +228,7 @@ def sdpa_backends(device: Any) -> list[str]:
     """Which SDPA backends run x1's SDPA path for (B, T, H=12, hd=64) queries with 4 KV heads in bf16."""
     import torch
 
-    from x1_pretrain.model import causal_attention
+    from x1_pretrain.model.transformer import causal_attention
 
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -319,7 +319,7 @@ def _fmt(x: Any, spec: str) -> str:
 
 
 def markdown(info: dict[str, Any], results: list[Result], cfg: Any, smoke: bool, total_s: float) -> str:
-    from x1_pretrain import flops
+    from x1_pretrain.model import flops
 
     fpt = flops.flops_per_token(cfg.model)
     lines = [f"# x1 GPU check ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {total_s:.0f} s)", ""]

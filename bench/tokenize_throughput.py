@@ -26,12 +26,12 @@ SHARED_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpu
 def corpus_documents() -> tuple[list[str], str]:
     docs: list[str] = []
     if SHARED_CORPUS.is_dir():
-        from x1_pretrain.sources import discover, iter_documents
+        from x1_pretrain.data.sources import discover, iter_documents
 
         for p in discover(SHARED_CORPUS):
             docs.extend(d for d in iter_documents(p) if d.strip())
         return docs, f"{SHARED_CORPUS} (FineWeb-Edu, DCLM, Dolma samples)"
-    from x1_pretrain.demo_corpus import demo_documents
+    from x1_pretrain.data.demo_corpus import demo_documents
 
     return demo_documents(), "pydoc_data.topics"
 
@@ -46,7 +46,7 @@ def main() -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from x1_pretrain.tokenizer import load_gpt2
+    from x1_pretrain.data.tokenizer import load_gpt2
 
     base, origin = corpus_documents()
     target = int(args.mb * 1e6)

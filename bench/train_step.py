@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from x1_pretrain.config import ModelConfig
-from x1_pretrain.data import Sampler, gather
-from x1_pretrain.model import Transformer, hf_config
+from x1_pretrain.core.config import ModelConfig
+from x1_pretrain.data.tokens import Sampler, gather
+from x1_pretrain.model.transformer import Transformer, hf_config
 
 PRESETS = {
     # small enough for a 2-core CPU, same shape ratios as the lab model
@@ -101,7 +101,7 @@ def bench_loader(seq_len: int = 1024, micro: int = 32) -> None:
 
 
 def bench_logging(steps: int = 200) -> None:
-    from x1_pretrain.tracking import MlflowTracker
+    from x1_pretrain.training.tracking import MlflowTracker
 
     keys = ["train/loss", "train/lr", "train/grad_norm", "train/param_norm", "train/tokens_per_s", "train/mfu",
             "train/step_time_s", "train/tokens_seen"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -12,6 +13,96 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+
+
+def _tune_allocator() -> None:
+    # The trainer does this itself on a CPU (core.env.keep_freed_memory); the test process trains in-process
+    # too, and the models it builds directly (ckpt_utils, the HF comparisons) profit the same way.
+    from x1_pretrain.core.env import keep_freed_memory
+
+    keep_freed_memory()
+
+
+_tune_allocator()
+
+
+# --- a migrated, empty MLflow sqlite store, made once and copied where a test run would create one ------
+# Creating a sqlite store runs MLflow's ~50 schema migrations (~3 s on the dev machine); a copy of an empty
+# migrated store is the same database. Runs that pass --mlflow-uri are untouched.
+_TEMPLATE: dict[str, Path] = {}
+
+
+def _template_db(root: Path) -> Path:
+    if "db" not in _TEMPLATE:
+        from filelock import FileLock
+
+        db = root / "mlflow-template.db"
+        with FileLock(str(db) + ".lock"):
+            if not db.is_file():
+                from mlflow import MlflowClient
+
+                tmp = root / f".mlflow-template-{os.getpid()}.db"
+                MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments()
+                os.replace(tmp, db)
+        _TEMPLATE["db"] = db
+    return _TEMPLATE["db"]
+
+
+def seed_store(ckpt: Path) -> Path:
+    """Give a new checkpoint dir the trainer's default store (ckpt/mlflow.db), already migrated."""
+    import shutil
+
+    ckpt.mkdir(parents=True, exist_ok=True)
+    if not (ckpt / "mlflow.db").exists() and "db" in _TEMPLATE:
+        shutil.copyfile(_TEMPLATE["db"], ckpt / "mlflow.db")
+    return ckpt
+
+
+def shared_root(tmp_path_factory) -> Path:
+    """A directory every xdist worker of this session sees (the session's own base dir without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_build(tmp_path_factory, name: str, build) -> Path:
+    """``build(dir)`` once per test session, whichever worker asks first; the others wait and reuse it.
+    What is built is read-only for the tests (they copy what they change)."""
+    from filelock import FileLock
+
+    root = shared_root(tmp_path_factory)
+    target = root / "shared" / name
+    with FileLock(str(root / f"shared-{name}.lock")):
+        if not (target / ".built").is_file():
+            import shutil
+
+            shutil.rmtree(target, ignore_errors=True)
+            target.mkdir(parents=True)
+            build(target)
+            (target / ".built").write_text("ok\n")
+    return target
+
+
+@pytest.fixture(scope="session", autouse=True)
+def seeded_sqlite_stores(tmp_path_factory):
+    """In-process runs that create their default sqlite store get a copy of the migrated template."""
+    from x1_pretrain.training import tracking
+
+    _template_db(shared_root(tmp_path_factory))
+    original = tracking.resolve_uri
+
+    def resolve(uri, ckpt_dir):
+        if not uri:
+            with contextlib.suppress(OSError):  # an unwritable dir: let the trainer report it
+                seed_store(Path(ckpt_dir))
+        return original(uri, ckpt_dir)
+
+    tracking.resolve_uri = resolve
+    import x1_pretrain.training.build as build
+
+    build.resolve_uri = resolve
+    yield
+    tracking.resolve_uri = original
+    build.resolve_uri = original
 
 
 def shared_path(*parts: str) -> Path:
@@ -24,14 +115,14 @@ def shared_path(*parts: str) -> Path:
 
 @pytest.fixture(scope="session")
 def tok():
-    from x1_pretrain.tokenizer import load_gpt2
+    from x1_pretrain.data.tokenizer import load_gpt2
 
     return load_gpt2(allow_download=False)
 
 
 @pytest.fixture(scope="session")
 def prose() -> list[str]:
-    from x1_pretrain.demo_corpus import demo_documents
+    from x1_pretrain.data.demo_corpus import demo_documents
 
     return demo_documents()
 
@@ -40,7 +131,7 @@ def prose() -> list[str]:
 def demo_data(tmp_path_factory) -> Path:
     """The demo corpus tokenized once per session (val 10% so eval has windows)."""
     from x1_pretrain import tokenize_data
-    from x1_pretrain.demo_corpus import write_demo_corpus
+    from x1_pretrain.data.demo_corpus import write_demo_corpus
 
     root = tmp_path_factory.mktemp("demo")
     write_demo_corpus(root / "raw")
@@ -63,10 +154,11 @@ def spiked_run(demo_data, tmp_path_factory) -> Path:
     """A tiny run with --inject-spike-at-step 40 (checkpoint dir with its sqlite MLflow store)."""
     from x1_pretrain import train
 
-    ckpt = tmp_path_factory.mktemp("spiked") / "ckpt"
-    assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), *SPIKE_ARGS, *FAST,
-                       "--ckpt-dir", str(ckpt), "--inject-spike-at-step", "40"]) == 0
-    return ckpt
+    def build(d: Path) -> None:
+        assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), *SPIKE_ARGS, *FAST,
+                           "--ckpt-dir", str(d / "ckpt"), "--inject-spike-at-step", "40"]) == 0
+
+    return shared_build(tmp_path_factory, "spiked", build) / "ckpt"
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +166,8 @@ def clean_run(demo_data, tmp_path_factory) -> Path:
     """The same run without an injection."""
     from x1_pretrain import train
 
-    ckpt = tmp_path_factory.mktemp("clean") / "ckpt"
-    assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), *SPIKE_ARGS, *FAST,
-                       "--ckpt-dir", str(ckpt)]) == 0
-    return ckpt
+    def build(d: Path) -> None:
+        assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), *SPIKE_ARGS, *FAST,
+                           "--ckpt-dir", str(d / "ckpt")]) == 0
+
+    return shared_build(tmp_path_factory, "clean", build) / "ckpt"

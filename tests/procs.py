@@ -8,11 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from .conftest import FAST, REPO, TINY
+from .conftest import FAST, REPO, TINY, seed_store
 
 
 def train_cmd(data: Path, ckpt: Path, steps: int, *extra: str, ckpt_every: int = 1000, log_every: int = 1,
-              eval_every: int = 1000) -> list[str]:
+              eval_every: int = 1000, seed: bool = True) -> list[str]:
+    """The trainer's command line; ``seed`` gives a new ckpt dir a migrated MLflow store (conftest)."""
+    if seed and "--mlflow-uri" not in extra:
+        seed_store(ckpt)
     return [sys.executable, "-m", "x1_pretrain.train", "--config", str(TINY), "--data-dir", str(data),
             "--ckpt-dir", str(ckpt), "--total-steps", str(steps), "--ckpt-every", str(ckpt_every),
             "--log-every", str(log_every), "--eval-every", str(eval_every), *FAST, *extra]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .conftest import FAST, TINY
+from .conftest import FAST, TINY, shared_build
 
 STEPS, FIRST_LEG, RESTARTS = 6, 3, 1
 LOG_EVERY, EVAL_EVERY = 2, 3
@@ -48,16 +48,16 @@ def write_budget(path: Path, spent: float) -> None:
                                 "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
 
 
-_BUILT: dict[str, BuiltRun] = {}
-
-
 def build(tmp_path_factory, data: Path) -> BuiltRun:
-    """Train 3 steps, resume to 6 as the watchdog's first relaunch would, then export."""
-    if "run" in _BUILT:
-        return _BUILT["run"]
+    """Train 3 steps, resume to 6 as the watchdog's first relaunch would, then export (once per session)."""
+    root = shared_build(tmp_path_factory, "built-run", lambda d: _build(d, data))
+    return BuiltRun(root, root / "checkpoints", root / "mlruns", root / "budget.json",
+                    root / "experiments" / "X1-pretraining" / "run-cloud", (root / "export.out").read_text())
+
+
+def _build(root: Path, data: Path) -> None:
     from x1_pretrain import export_run, train
 
-    root = tmp_path_factory.mktemp("built-run")
     ckpt, mlruns, budget = root / "checkpoints", root / "mlruns", root / "budget.json"
     write_budget(budget, SPENT_IN_CHECKPOINT)
     assert train.main(train_args(data, ckpt, mlruns, budget, FIRST_LEG)) == 0
@@ -82,5 +82,4 @@ def build(tmp_path_factory, data: Path) -> BuiltRun:
         code = export_run.main(["--mlflow-uri", mlruns.as_uri(), "--output", str(bundle) + "/",
                                 "--instance-type", "gpu_1x_a100_sxm4"])
     assert code == 0, out.getvalue()
-    _BUILT["run"] = BuiltRun(root, ckpt, mlruns, budget, bundle, out.getvalue())
-    return _BUILT["run"]
+    (root / "export.out").write_text(out.getvalue())

@@ -1,4 +1,4 @@
-"""Project rules from DESIGN.md, held by parsing the package's imports."""
+"""The layout's rules (docs/architecture.md), held by parsing the package's imports and functions."""
 
 from __future__ import annotations
 
@@ -7,62 +7,162 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import REPO
 
 PKG = REPO / "src" / "x1_pretrain"
+SUBPACKAGES = ("core", "data", "model", "training", "budget", "report")
+ENTRY_POINTS = ("tokenize_data", "train", "export_run", "budget_sidecar", "watchdog", "plan", "dod", "postmortem",
+                "export_hf", "sample", "alerts", "demo", "tokenizer")
+# Which subpackage may import which (besides itself and the standard library).
+MAY_IMPORT = {
+    "core": set(),
+    "data": {"core"},
+    "model": {"core"},
+    "budget": {"core", "model"},
+    "training": {"core", "data", "model", "budget"},
+    "report": {"core", "data", "model", "budget", "training"},
+}
+# report reads training's on-disk formats only, never its machinery
+REPORT_MAY_READ_FROM_TRAINING = {"training.checkpoint", "training.spike"}
 
 
-def imports(module: Path) -> tuple[set[str], set[str]]:
-    """(internal module names, external top-level packages) imported anywhere in the file."""
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    return ".".join(rel.parts)
+
+
+def imports(path: Path) -> tuple[set[str], set[str]]:
+    """(internal modules as 'sub.module' or 'sub', external top-level packages) imported anywhere in the file."""
+    here = _module_name(path).split(".")
     internal, external = set(), set()
-    for node in ast.walk(ast.parse(module.read_text())):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                if node.module:
-                    internal.add(node.module.split(".")[0])
+                base = here[:len(here) - node.level]
+                target = [*base, *(node.module.split(".") if node.module else [])]
+                if node.module and len(target) == 1 and target[0] in SUBPACKAGES:  # from ..training import checkpoint
+                    internal.update(f"{target[0]}.{a.name}" for a in node.names)
+                elif node.module:
+                    internal.add(".".join(target))
                 else:
-                    internal.update(a.name for a in node.names)
+                    internal.update(".".join([*target, a.name]) for a in node.names)
+            elif node.module and node.module.startswith("x1_pretrain"):
+                internal.add(node.module.removeprefix("x1_pretrain").lstrip("."))
             elif node.module:
                 external.add(node.module.split(".")[0])
         elif isinstance(node, ast.Import):
             external.update(a.name.split(".")[0] for a in node.names)
-    return internal, external
+    return {m for m in internal if m and m != "__version__"}, external
 
 
-MODULES = {p.stem: imports(p) for p in PKG.glob("*.py")}
+FILES = sorted(PKG.rglob("*.py"))
+MODULES = {_module_name(p): imports(p) for p in FILES}
+
+
+def test_the_top_level_holds_only_entry_points():
+    top = sorted(p.stem for p in PKG.glob("*.py") if p.stem != "__init__")
+    assert top == sorted(ENTRY_POINTS)
+    assert sorted(p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(SUBPACKAGES)
+
+
+@pytest.mark.parametrize("sub", SUBPACKAGES)
+def test_each_subpackage_imports_only_what_it_may(sub):
+    allowed = MAY_IMPORT[sub] | {sub}
+    for name, (internal, _) in MODULES.items():
+        if name.split(".")[0] != sub:
+            continue
+        for target in internal:
+            top = target.split(".")[0]
+            assert top in allowed, f"{name} imports {target}: {sub} may import only {sorted(allowed)}"
+            if sub == "report" and top == "training":
+                assert target in REPORT_MAY_READ_FROM_TRAINING, \
+                    f"{name} imports {target}: report reads training's on-disk formats only"
+
+
+def test_subpackages_never_import_the_entry_points():
+    for name, (internal, _) in MODULES.items():
+        if "." in name:
+            assert not {t for t in internal if t in ENTRY_POINTS}, name
 
 
 def test_only_tracking_and_runs_touch_mlflow():
     users = sorted(m for m, (_, ext) in MODULES.items() if "mlflow" in ext)
-    assert users == ["runs", "tracking"]
+    assert users == ["report.runs", "training.tracking"]
 
 
 def test_data_and_model_never_import_each_other():
-    assert "model" not in MODULES["data"][0]
-    assert "data" not in MODULES["model"][0]
+    for name, (internal, _) in MODULES.items():
+        top = name.split(".")[0]
+        other = {"data": "model", "model": "data"}.get(top)
+        if other:
+            assert not any(t.split(".")[0] == other for t in internal), name
 
 
 def test_the_budget_decision_is_pure():
-    internal, external = MODULES["budget_guard"]
-    assert internal <= {"errors", "config"}
-    assert not external & {"torch", "numpy", "mlflow"}
+    internal, external = MODULES["budget.guard"]
+    assert internal <= {"core.errors"}
+    assert not external & {"torch", "numpy", "mlflow", "yaml"}
 
 
 def test_the_dod_checker_reads_only_files():
-    internal, external = MODULES["dod"]
-    assert not internal & {"runs", "tracking", "train", "loop"} and "mlflow" not in external
+    internal, external = MODULES["report.dod"]
+    assert not {t for t in internal if t.startswith("training.") and t != "training.checkpoint"}
+    assert "report.runs" not in internal and "mlflow" not in external
 
 
 def test_importing_any_module_does_nothing(tmp_path):
-    names = sorted(MODULES)
-    code = f"import importlib\nfor n in {names!r}:\n    importlib.import_module('x1_pretrain.' + n)\n"
+    names = sorted("x1_pretrain" + ("." + m if m != "__init__" else "") for m in MODULES)
+    code = f"import importlib\nfor n in {names!r}:\n    importlib.import_module(n.replace('.__init__', ''))\n"
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout == "" and list(Path(tmp_path).iterdir()) == []
 
 
-def test_every_cli_has_main_and_the_guard():
-    for p in PKG.glob("*.py"):
-        text = p.read_text()
-        if "argparse" in text and "def main(" in text:
-            assert 'if __name__ == "__main__":\n    raise SystemExit(main())' in text, p.name
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+def test_entry_points_are_thin_and_guarded(name):
+    text = (PKG / f"{name}.py").read_text()
+    lines = len(text.splitlines())
+    assert lines < 150, f"{name}.py has {lines} lines; move the work into a subpackage"
+    assert "def main(argv: list[str] | None = None) -> int:" in text
+    assert text.rstrip().endswith('if __name__ == "__main__":\n    raise SystemExit(main())')
+
+
+def test_every_entry_point_answers_help(tmp_path):
+    code = ("import contextlib, io, importlib, sys\nfor n in sys.argv[1:]:\n"
+            "    out = io.StringIO()\n"
+            "    try:\n        with contextlib.redirect_stdout(out):\n"
+            "            code = importlib.import_module('x1_pretrain.' + n).main(['--help'])\n"
+            "    except SystemExit as e:\n        code = e.code\n"
+            "    assert code == 0, (n, code)\n"
+            "    assert '--' in out.getvalue() and 'usage' in out.getvalue(), n\n")
+    r = subprocess.run([sys.executable, "-c", code, *ENTRY_POINTS], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def _functions():
+    for path in FILES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                if names and names[0] in ("self", "cls"):
+                    names = names[1:]
+                yield f"{_module_name(path)}.{node.name}", node.end_lineno - node.lineno + 1, len(names)
+
+
+def test_functions_are_short_and_take_few_parameters():
+    long = [(n, lines) for n, lines, _ in _functions() if lines > 100]
+    wide = [(n, params) for n, _, params in _functions() if params > 7]
+    assert not long, f"functions over 100 lines: {long}"
+    assert not wide, f"functions with more than 7 parameters (group them in a dataclass): {wide}"
+
+
+def test_tests_mirror_the_layout():
+    tests = REPO / "tests"
+    for sub in SUBPACKAGES:
+        assert (tests / sub / "__init__.py").is_file(), f"tests/{sub}/ mirrors src/x1_pretrain/{sub}/"
+    for path in tests.glob("*/test_*.py"):
+        assert path.parent.name in SUBPACKAGES, path

@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from .checkpoint import read_progress
-from .demo_corpus import write_demo_corpus
+from .data.demo_corpus import write_demo_corpus
+from .training.checkpoint import read_progress
 
 REPO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "x1-tiny-cpu.yaml"
 

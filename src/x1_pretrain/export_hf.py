@@ -16,117 +16,12 @@ and the command says so (exit 0).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
-from . import __version__
-from . import safetensors_io as st
-from .ckpt_source import Source, load_model, resolve
-from .errors import EXIT_OK, X1Error
-from .fileio import fsync_tree
-
-
-def generation_config(eos_id: int) -> dict[str, Any]:
-    # GPT-2 has no pad token; padding with EOT is what generate() would pick anyway (minus the warning)
-    return {"bos_token_id": eos_id, "eos_token_id": eos_id, "pad_token_id": eos_id, "do_sample": False}
-
-
-def hf_files(src: Source) -> tuple[dict[str, Any], dict[str, Any]]:
-    from .model import hf_config
-
-    cfg = {**hf_config(src.model), "torch_dtype": "float32", "use_cache": True}
-    return cfg, generation_config(cfg["eos_token_id"])
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def _check_output(output: Path, overwrite: bool) -> None:
-    if output.exists() and not output.is_dir():
-        raise X1Error(f"--output {output}: exists and is not a directory; choose a new folder name")
-    if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise X1Error(f"--output {output}: already exists and is not empty; pass --overwrite to replace it, "
-                      "or choose a new folder")
-
-
-def _place(tmp: Path, output: Path) -> None:
-    """Rename the finished temporary folder to ``output``, replacing an old one only after it is complete."""
-    if output.is_dir():
-        old = output.with_name(f".{output.name}.old-{os.getpid()}")
-        os.rename(output, old)
-        os.rename(tmp, output)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, output)
-
-
-def export(src: Source, output: Path, tokenizer_file: str | None = None, with_tokenizer: bool = True,
-           overwrite: bool = False, log: Any = print) -> dict[str, Any]:
-    """Write the folder; returns the provenance record written as ``x1_export.json``."""
-    from .model import state_dict_for_saving
-
-    _check_output(output, overwrite)
-    model = load_model(src)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        config, gen = hf_files(src)
-        _write_json(tmp / "config.json", config)
-        _write_json(tmp / "generation_config.json", gen)
-        tensors = state_dict_for_saving(model)
-        digest = st.save(tensors, tmp / "model.safetensors", {"format": "pt"})
-        tokenizer_note = _tokenizer(tmp, src, tokenizer_file, with_tokenizer, log)
-        record = {
-            "x1_pretrain": __version__,
-            "source_weights": str(src.weights.resolve()),
-            "config_from": src.config_from,
-            "step": src.step,
-            "tokens_seen": None if src.state is None else src.state.get("tokens_seen"),
-            "config_sha256": None if src.state is None else src.state.get("config_sha256"),
-            "model_safetensors_sha256": digest,
-            "parameters": sum(int(t.numel()) for t in tensors.values()),
-            "tokenizer": tokenizer_note,
-        }
-        _write_json(tmp / "x1_export.json", record)
-        fsync_tree(tmp)
-        _place(tmp, output)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return record
-
-
-def _tokenizer(tmp: Path, src: Source, tokenizer_file: str | None, wanted: bool, log: Any) -> str:
-    if not wanted:
-        return "not written (--no-tokenizer)"
-    from .gpt2_files import write_tokenizer_files
-    from .tokenizer import GPT2_VOCAB_SIZE, load_gpt2
-
-    if src.model.vocab_size != GPT2_VOCAB_SIZE:
-        note = (f"not written: model.vocab_size is {src.model.vocab_size}, not GPT-2's {GPT2_VOCAB_SIZE}, so "
-                "GPT-2's tokenizer files would not match the embedding")
-        log(f"warning: tokenizer {note}")
-        return note
-    try:
-        tok = load_gpt2(tokenizer_file, allow_download=False)
-        names = write_tokenizer_files(tmp, tok, src.model.seq_len)
-    except (X1Error, OSError, ValueError) as e:
-        for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"):
-            (tmp / name).unlink(missing_ok=True)
-        first = str(e).splitlines()[0]
-        log(f"warning: the model was exported WITHOUT tokenizer files ({first}). Run "
-            "`python -m x1_pretrain.tokenizer fetch` (or pass --tokenizer-file) and export again, or load "
-            "the tokenizer with AutoTokenizer.from_pretrained('openai-community/gpt2'), which is the same BPE")
-        return f"not written: {first}"
-    return f"GPT-2 BPE from {tok.source}: {', '.join(names)}"
+from .core.cli import guarded
+from .report.ckpt_source import resolve
+from .report.hf_export import export
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,17 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[export_hf] {msg}", file=sys.stderr, flush=True)
 
-    try:
+    def body() -> int:
         src = resolve(args.checkpoint, args.config, args.set, warn=lambda m: log(f"warning: {m}"))
         log(f"exporting {src.describe()}")
         record = export(src, args.output, args.tokenizer_file, not args.no_tokenizer, args.overwrite, log)
-    except X1Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
-    print(f"[export_hf] wrote {args.output}: {record['parameters']:,} parameters (fp32), tokenizer "
-          f"{'included' if record['tokenizer'].startswith('GPT-2') else 'MISSING'}; load it with "
-          f"transformers.AutoModelForCausalLM.from_pretrained({str(args.output)!r})")
-    return EXIT_OK
+        print(f"[export_hf] wrote {args.output}: {record['parameters']:,} parameters (fp32), tokenizer "
+              f"{'included' if record['tokenizer'].startswith('GPT-2') else 'MISSING'}; load it with "
+              f"transformers.AutoModelForCausalLM.from_pretrained({str(args.output)!r})")
+        return 0
+
+    return guarded(body)
 
 
 if __name__ == "__main__":

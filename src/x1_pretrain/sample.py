@@ -14,57 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from .errors import EXIT_OK, X1Error
-
-if TYPE_CHECKING:
-    import torch
-
-
-def generate(model: Any, ids: list[int], max_new_tokens: int, temperature: float, top_k: int | None,
-             generator: torch.Generator | None, stop_id: int | None = None,
-             allowed_vocab: int | None = None) -> list[int]:
-    """Extend ``ids`` by up to ``max_new_tokens`` tokens; returns the new tokens only.
-
-    ``temperature`` 0 is greedy. ``allowed_vocab`` masks logits of ids the tokenizer cannot decode.
-    """
-    import torch
-
-    device = next(model.parameters()).device
-    seq_len = model.config.seq_len
-    x = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
-    new: list[int] = []
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            logits = model(x[:, -seq_len:])[:, -1, :].float()  # (1, V)
-            if allowed_vocab is not None and allowed_vocab < logits.shape[-1]:
-                logits[:, allowed_vocab:] = float("-inf")
-            if temperature == 0:
-                nxt = logits.argmax(dim=-1, keepdim=True)  # (1, 1)
-            else:
-                logits = logits / temperature
-                if top_k is not None and top_k < logits.shape[-1]:
-                    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)
-            token = int(nxt.item())
-            if stop_id is not None and token == stop_id:
-                break
-            new.append(token)
-            x = torch.cat([x, nxt.to(x.dtype)], dim=1)
-    return new
-
-
-def _device(name: str) -> Any:
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise X1Error(f"--device {name}: no CUDA device is visible; use --device cpu")
-    return dev
+from .core.cli import guarded
+from .core.errors import X1Error
+from .model.generate import Sampling, generate, pick_device
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,14 +57,14 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .ckpt_source import load_model, resolve
-    from .tokenizer import load_gpt2
+    from .data.tokenizer import load_gpt2
+    from .report.ckpt_source import load_model, resolve
 
     _check(args)
     src = resolve(args.checkpoint, args.config, args.set,
                   warn=lambda m: print(f"[sample] warning: {m}", file=sys.stderr))
     tok = load_gpt2(args.tokenizer_file)
-    device = _device(args.device)
+    device = pick_device(args.device)
     model = load_model(src, device)
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_id]
     too_big = [i for i in ids if i >= src.model.vocab_size]
@@ -125,21 +78,18 @@ def run(args: argparse.Namespace) -> int:
     generator = torch.Generator(device=device)
     generator.manual_seed(args.seed)
     for n in range(args.num_samples):
-        new = generate(model, ids, args.max_new_tokens, temperature, args.top_k or None, generator,
+        how = Sampling(args.max_new_tokens, temperature, args.top_k or None,
                        None if args.ignore_eot else tok.eot_id, allowed_vocab=tok.vocab_size)
+        new = generate(model, ids, how, generator)
         if n:
             print("---")
         print(args.prompt + tok.decode(new), flush=True)
-    return EXIT_OK
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except X1Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+    return guarded(lambda: run(args))
 
 
 if __name__ == "__main__":

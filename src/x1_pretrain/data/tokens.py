@@ -1,0 +1,212 @@
+"""Token files: validation at start, a deterministic batch-at-step sampler, and a prefetch thread.
+
+Windows: a split of N tokens holds ``(N - 1) // seq_len`` windows of ``seq_len + 1`` tokens starting
+at multiples of ``seq_len`` (inputs never overlap; every token is a target exactly once per epoch).
+Each epoch visits every window once in an order drawn from ``(seed, epoch)``. The batch of a given
+(step, chunk) is a pure function of (seed, step, chunk), so a resumed run rebuilds it from the step.
+A *chunk* is one micro-batch of the global step: ``batch_size / micro_batch_size`` chunks per step,
+shared out over grad-accumulation micro-steps (and, with several ranks, over ranks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core.errors import DataError
+
+_SAMPLE_SLICES = 64
+_SAMPLE_LEN = 16384
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """The two memory-mapped splits of a ``tokenize_data`` output directory."""
+
+    directory: Path
+    train: np.ndarray
+    val: np.ndarray
+    meta: dict[str, Any]
+
+    @property
+    def identity(self) -> str:
+        """sha256 of what the tokens are (sources, sizes, split, tokenizer, counts), not of when they were
+        made: re-tokenizing the same inputs the same way gives the same identity."""
+        m = self.meta
+        keep = {
+            "vocab_size": m.get("vocab_size"), "eot_id": m.get("eot_id"), "splits": m.get("splits"),
+            "tokenizer_sha256": m.get("tokenizer_sha256"), "val_fraction": m.get("val_fraction"),
+            "text_column": m.get("text_column"),
+            "sources": [[s.get("path"), s.get("bytes")] for s in m.get("sources", [])],
+        }
+        return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
+
+
+def _check_sample(tokens: np.ndarray, path: Path, vocab_size: int, eot_id: int | None) -> None:
+    n = tokens.size
+    if n == 0:
+        return
+    starts = np.linspace(0, max(n - _SAMPLE_LEN, 0), _SAMPLE_SLICES).astype(np.int64)
+    sample = np.concatenate([np.asarray(tokens[s:s + _SAMPLE_LEN]) for s in np.unique(starts)])
+    top = int(sample.max())
+    if top >= vocab_size:
+        pos = int(np.flatnonzero(sample >= vocab_size)[0])
+        raise DataError(f"{path}: token id {top} >= model.vocab_size {vocab_size} (first bad id at sample offset "
+                        f"{pos}); the file was made with another tokenizer, or model.vocab_size is wrong")
+    if eot_id is not None and not (sample == eot_id).any():
+        raise DataError(f"{path}: no end-of-text token {eot_id} in a sample of {sample.size:,} tokens; "
+                        "this does not look like a tokenize_data output (documents end with EOT)")
+
+
+def open_token_data(data_dir: str | Path, vocab_size: int, seq_len: int) -> TokenData:
+    """Memory-map and validate ``train.bin``/``val.bin`` against ``meta.json`` and the model config."""
+    d = Path(data_dir)
+    hint = f"run: python -m x1_pretrain.tokenize_data --input-dir RAW --output-dir {d}"
+    if not d.is_dir():
+        raise DataError(f"--data-dir {d} does not exist; {hint}")
+    meta_path = d / "meta.json"
+    if not meta_path.is_file():
+        raise DataError(f"{meta_path} is missing: {d} is not a finished tokenize_data output; {hint}")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{meta_path}: cannot be read as JSON ({e}); {hint}") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}; {hint}")
+    meta_vocab = meta.get("vocab_size")
+    if meta_vocab != vocab_size:
+        raise DataError(f"{meta_path}: vocab_size {meta_vocab} does not match model.vocab_size {vocab_size}; "
+                        "tokenize with the model's tokenizer or set model.vocab_size to match")
+    if meta.get("dtype", "uint16") != "uint16":
+        raise DataError(f"{meta_path}: dtype {meta.get('dtype')!r}; only uint16 token files are supported")
+    eot = meta.get("eot_id")
+    splits = {}
+    for split in ("train", "val"):
+        path = d / f"{split}.bin"
+        if not path.is_file():
+            raise DataError(f"{path} is missing; {hint}")
+        size = path.stat().st_size
+        if size % 2:
+            raise DataError(f"{path}: {size} bytes is odd; a uint16 token file has an even size (truncated copy?)")
+        want = meta.get("splits", {}).get(split, {}).get("tokens")
+        if want is not None and want * 2 != size:
+            raise DataError(f"{path}: {size // 2:,} tokens but meta.json says {want:,}; the files do not belong "
+                            f"together (re-copy the directory or re-tokenize)")
+        tokens = np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
+        if tokens.size < seq_len + 1:
+            raise DataError(f"{path}: {tokens.size:,} tokens is fewer than one window of model.seq_len + 1 = "
+                            f"{seq_len + 1}" + ("; re-tokenize with a larger --val-fraction" if split == "val" else
+                                                 "; use more data or a shorter model.seq_len"))
+        _check_sample(tokens, path, vocab_size, eot if isinstance(eot, int) else None)
+        splits[split] = tokens
+    return TokenData(d, splits["train"], splits["val"], meta)
+
+
+class Sampler:
+    """Window starts for (step, chunk): a pure function of (seed, step, chunk)."""
+
+    def __init__(self, n_tokens: int, seq_len: int, seed: int, micro_batch_size: int, chunks_per_step: int) -> None:
+        self.seq_len = seq_len
+        self.n_windows = (n_tokens - 1) // seq_len
+        self.seed = seed
+        self.micro = micro_batch_size
+        self.chunks = chunks_per_step
+        self._perms: dict[int, np.ndarray] = {}
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        perm = self._perms.get(epoch)
+        if perm is None:
+            perm = np.random.default_rng([self.seed, epoch]).permutation(self.n_windows)
+            self._perms = {epoch: perm, **{e: p for e, p in self._perms.items() if e == epoch - 1}}
+        return perm
+
+    def starts(self, step: int, chunk: int) -> np.ndarray:
+        """Token offsets of the micro_batch_size windows of this chunk."""
+        g = (step * self.chunks + chunk) * self.micro + np.arange(self.micro, dtype=np.int64)
+        epochs, pos = np.divmod(g, self.n_windows)
+        out = np.empty(self.micro, dtype=np.int64)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = self.permutation(int(e))[pos[sel]]
+        return out * self.seq_len
+
+    def epoch_of(self, step: int) -> float:
+        return step * self.chunks * self.micro / self.n_windows
+
+
+def gather(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets (B, T) as int64 tensors."""
+    rows = np.stack([np.asarray(tokens[s:s + seq_len + 1]) for s in starts]).astype(np.int64)
+    t = torch.from_numpy(rows)
+    return t[:, :-1], t[:, 1:]
+
+
+def val_starts(n_tokens: int, seq_len: int, count: int) -> np.ndarray:
+    """A fixed, evenly spread set of val windows (the same at every eval)."""
+    n = (n_tokens - 1) // seq_len
+    return np.unique(np.linspace(0, n - 1, min(count, n)).astype(np.int64)) * seq_len
+
+
+@dataclass
+class Batch:
+    step: int
+    chunk: int
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class Prefetcher:
+    """Prepares the batches of (step, chunk) for steps ``start..end-1`` in a background thread.
+
+    Batches come out in order; on CUDA they are pinned so the copy to the GPU is asynchronous.
+    """
+
+    def __init__(self, tokens: np.ndarray, sampler: Sampler, chunks: list[int], start: int, end: int,
+                 depth: int, pin: bool) -> None:
+        self._tokens, self._sampler, self._chunks = tokens, sampler, chunks
+        self._start, self._end, self._pin = start, end, pin
+        self._q: queue.Queue[Batch | BaseException | None] = queue.Queue(maxsize=max(depth, 1))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="x1-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for step in range(self._start, self._end):
+                for c in self._chunks:
+                    x, y = gather(self._tokens, self._sampler.starts(step, c), self._sampler.seq_len)
+                    if self._pin:
+                        x, y = x.pin_memory(), y.pin_memory()
+                    while not self._stop.is_set():
+                        try:
+                            self._q.put(Batch(step, c, x, y), timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if self._stop.is_set():
+                        return
+            self._q.put(None)
+        except BaseException as e:  # surfaced in the consumer, never lost in the thread
+            self._q.put(e)
+
+    def __iter__(self) -> Iterator[Batch]:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

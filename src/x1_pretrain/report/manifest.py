@@ -1,0 +1,242 @@
+"""The run bundle's ``manifest.json``: what was run, on what, for how much, and how it ended.
+
+Built from the MLflow run and the final checkpoint's ``trainer_state.json`` (which the trainer wrote on
+the training machine, so versions and config are the run's, not the exporter's). ``dod`` reads it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..budget.guard import read_source
+from ..core.config import ModelConfig
+from ..core.errors import X1Error
+from ..core.fileio import sha256_file
+from ..model import flops
+from ..training import checkpoint as ck
+from .runs import MetricPoint, RunRecord
+
+FORMAT = "x1-run-manifest/1"
+BUNDLE_MODEL = "final.safetensors"
+
+
+@dataclass(frozen=True)
+class FinalCheckpoint:
+    """The final weights and the step dir they were copied from (verified)."""
+
+    weights: Path          # ckpt_dir/final.safetensors
+    step_dir: Path         # ckpt_dir/step_NNNNNNN
+    state: dict[str, Any]  # its trainer_state.json
+    sha256: str            # of final.safetensors (= the step dir's model.safetensors)
+
+
+def locate_final(run: RunRecord, ckpt_dir: Path | None) -> FinalCheckpoint:
+    """Find and verify the run's final checkpoint from its tags (or under ``ckpt_dir`` when it moved)."""
+    step_tag, weights_tag = run.tags.get("final_checkpoint"), run.tags.get("final_safetensors")
+    if not step_tag or not weights_tag:
+        raise X1Error(f"run {run.run_id} has no final checkpoint: its tags final_checkpoint/final_safetensors are "
+                      f"not set (status {run.status}; the trainer sets them when it finishes and writes "
+                      "final.safetensors). Export a finished run, or finish this one with --resume-from-latest")
+    step_dir, weights = Path(step_tag), Path(weights_tag)
+    if ckpt_dir is not None:
+        step_dir, weights = ckpt_dir / step_dir.name, ckpt_dir / weights.name
+    hint = " (pass --ckpt-dir DIR if the checkpoints were moved)"
+    if not weights.is_file():
+        raise X1Error(f"final checkpoint missing: {weights} does not exist{hint}")
+    if not step_dir.is_dir():
+        raise X1Error(f"final checkpoint missing: {step_dir} (the step dir final.safetensors was copied from) "
+                      f"does not exist{hint}")
+    state, problem = ck.verify(step_dir)
+    if state is None:
+        raise X1Error(f"final checkpoint {step_dir} is not intact: {problem}")
+    digest = sha256_file(weights)
+    expected = state.get("files", {}).get(ck.MODEL_FILE)
+    if digest != expected:
+        raise X1Error(f"{weights} (sha256 {digest[:12]}) is not a copy of {step_dir / ck.MODEL_FILE} "
+                      f"(sha256 {str(expected)[:12]}); was the checkpoint dir reused by another run?")
+    tagged = run.tags.get("final_safetensors_sha256")
+    if tagged and tagged != digest:
+        raise X1Error(f"{weights} (sha256 {digest[:12]}) is not the file run {run.run_id} recorded "
+                      f"(final_safetensors_sha256 {tagged[:12]}); it was overwritten by a later run")
+    if state.get("mlflow_run_id") not in (None, run.run_id):
+        raise X1Error(f"{step_dir} belongs to MLflow run {state.get('mlflow_run_id')}, not {run.run_id}")
+    return FinalCheckpoint(weights, step_dir, state, digest)
+
+
+def _finite(x: Any) -> float | None:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _mean(points: list[MetricPoint]) -> float | None:
+    vals = [p.value for p in points if math.isfinite(p.value)]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _cluster(run: RunRecord, state: dict[str, Any], provider: str | None, instance_type: str | None) -> dict[str, Any]:
+    """GPU/CPU/RAM/host. The trainer records the host and device name; the rest is measured here when the
+    export runs on the training host (as the lab does, before terminating the instance)."""
+    host, device = run.tags.get("host"), run.tags.get("device") or ""
+    world = int(state.get("world_size") or 1)
+    recorded = state.get("machine") if isinstance(state.get("machine"), dict) else None
+    if recorded:
+        facts, source = dict(recorded), "recorded by the trainer"
+    elif host and host == socket.gethostname():
+        from ..core.env import machine
+
+        facts, source = machine(), "measured by export_run on the training host"
+    else:
+        facts, source = {}, f"the training host {host!r} is not this machine: only its name and device are known"
+    on_gpu = bool(device) and not device.startswith("cpu")
+    return {
+        "hostname": host, "device": device or None, "world_size": world,
+        "gpu_name": facts.get("gpu_name") or (device if on_gpu else None),
+        "gpu_count": facts.get("gpu_count") if facts.get("gpu_count") is not None else (world if on_gpu else 0),
+        "gpu_memory_gb": facts.get("gpu_memory_gb"),
+        "cpu_count": facts.get("cpu_count"), "ram_gb": facts.get("ram_gb"), "platform": facts.get("platform"),
+        "provider": provider, "instance_type": instance_type, "source": source,
+    }
+
+
+def _dollars(run: RunRecord, state: dict[str, Any], spent_usd: float | None,
+             budget_json: str | None) -> tuple[dict[str, Any], str | None]:
+    """(dollars section, provider named by budget.json). Order: --spent-usd, budget.json, checkpoint snapshot."""
+    snap = state.get("budget") if isinstance(state.get("budget"), dict) else None
+    cap = (snap or {}).get("cap_usd") or _finite(run.tags.get("budget_cap_usd"))
+    out: dict[str, Any] = {"spent_usd": None, "cap_usd": cap, "source": None}
+    if spent_usd is not None:
+        return {**out, "spent_usd": spent_usd, "source": "--spent-usd given to export_run"}, None
+    source = budget_json or run.tags.get("budget_source")
+    if source:
+        reading = read_source(source)
+        if reading.snapshot is not None:
+            provider = None
+            try:
+                local = source[len("file://"):] if source.startswith("file://") else source
+                raw = json.loads(Path(local).read_text()) if "://" not in local else {}
+                provider = raw.get("provider")
+            except (OSError, ValueError):
+                pass
+            s = reading.snapshot.to_json()
+            return {**out, **s, "source": f"{source} (the billing sidecar's latest budget.json)"}, provider
+        if budget_json:
+            raise X1Error(f"--budget-json {budget_json}: {reading.problem}")
+        print(f"[export] warning: {reading.problem}; using the budget snapshot in the final checkpoint")
+    if snap is not None:
+        good = snap.get("last_good") or {}
+        spent = _finite(snap.get("spent_usd"))
+        return {**out, "spent_usd": spent if spent is not None else _finite(good.get("spent_usd")),
+                "rate_usd_per_hr": good.get("rate_usd_per_hr"), "last_update_utc": good.get("last_update_utc"),
+                "projected_total_usd": _finite(snap.get("projected_usd")),
+                "source": "budget snapshot in the final checkpoint's trainer_state.json"}, None
+    return {**out, "source": "the run had no budget guard (--budget-cap-usd); pass --budget-json "
+                             "PATH or --spent-usd X to export_run"}, None
+
+
+def _of(points: list[MetricPoint], name: str) -> list[MetricPoint]:
+    return [p for p in points if p.name == name]
+
+
+def _throughput(run: RunRecord, points: list[MetricPoint], state: dict[str, Any], model: ModelConfig,
+                world: int) -> dict[str, Any]:
+    fpt = flops.flops_per_token(model)
+    tokens, secs = int(state.get("tokens_seen") or 0), _finite(state.get("train_time_s")) or 0.0
+    tps = tokens / secs if secs > 0 else None
+    device = run.tags.get("device") or ""
+    peak = None if device.startswith("cpu") else flops.peak_tflops(device)
+    logged_mfu = _mean(_of(points, "train/mfu"))
+    if peak is None and logged_mfu and tps:  # an unlisted GPU run with --peak-tflops: recover the peak
+        mean_logged = _mean(_of(points, "train/tokens_per_s")) or tps
+        peak = mean_logged * fpt.honest / (logged_mfu * 1e12 * world)
+
+    def util(f: int) -> float | None:
+        return tps * f / (peak * 1e12 * world) if tps and peak else None
+
+    return {
+        "accounting": "honest: 6N + 6*d_model*vocab (tied LM head) + 12*L*H*Q*T (attention), as nanoGPT and "
+                      "PaLM count; the lab's 6N (non-embedding) figure is shown beside it, labelled",
+        "flops_per_token": {"honest": fpt.honest, "lab_6n": fpt.lab_6n},
+        "mean_tokens_per_s": tps, "mean_tokens_per_s_basis": "tokens seen / time inside optimizer steps",
+        "mean_logged_tokens_per_s": _mean(_of(points, "train/tokens_per_s")),
+        "peak_tflops_per_device": peak, "devices": world,
+        "mfu": util(fpt.honest), "mfu_lab_6n": util(fpt.lab_6n), "mean_logged_mfu": logged_mfu,
+        "mfu_note": None if peak else f"no bf16 peak is known for {device or 'this device'}: MFU not reported",
+    }
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the user tells the exporter that the run itself cannot know (export_run's flags)."""
+
+    spent_usd: float | None = None      # the bill, for a run without a budget guard
+    budget_json: str | None = None      # the sidecar's final budget.json, if not the run's source
+    provider: str | None = None
+    instance_type: str | None = None
+
+
+def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], replayed: int,
+          facts: Facts = Facts()) -> dict[str, Any]:
+    spent_usd, budget_json, provider, instance_type = facts.spent_usd, facts.budget_json, facts.provider, \
+        facts.instance_type
+    state = final.state
+    cfg = state.get("config") or {}
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    model = ModelConfig(**{k: v for k, v in (cfg.get("model") or {}).items() if k in names})
+    recomputed = hashlib.sha256(json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    if recomputed != state.get("config_sha256"):
+        print(f"[export] warning: the config in {final.step_dir.name} hashes to {recomputed[:12]}, not the recorded "
+              f"{str(state.get('config_sha256'))[:12]}")
+    dollars, budget_provider = _dollars(run, state, spent_usd, budget_json)
+    if provider is None:
+        provider = budget_provider or ("runpod" if os.environ.get("RUNPOD_POD_ID") else None)
+    versions = dict(state.get("versions") or {})
+    versions["x1_pretrain_git_commit"] = run.tags.get("git_commit")
+    config_file = run.tags.get("config_file")
+    restart_points = _of(points, "run/restarts")
+    restarts = max([int(state.get("restarts") or 0), int(_finite(run.tags.get("restarts")) or 0),
+                    *(int(p.value) for p in restart_points)])
+    val = _of(points, "val/loss")
+    elapsed = (run.end_ms - run.start_ms) / 1000 if run.end_ms and run.start_ms else None
+    world = int(state.get("world_size") or 1)
+    return {
+        "format": FORMAT,
+        "exported_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seed": (cfg.get("train") or {}).get("seed"),
+        "versions": versions,
+        "config_sha256": state.get("config_sha256"),
+        "config_file": {"path": config_file,
+                        "sha256": sha256_file(Path(config_file)) if config_file and Path(config_file).is_file()
+                        else None,
+                        "note": "the YAML file as found at export time; config_sha256 hashes the resolved config "
+                                "(file + flags + --set) the run used"},
+        "config": cfg,
+        "cluster": _cluster(run, state, provider, instance_type),
+        "dollars": dollars,
+        "progress": {"steps": state.get("step"), "total_steps": (cfg.get("train") or {}).get("total_steps"),
+                     "tokens": state.get("tokens_seen"), "train_time_s": state.get("train_time_s"),
+                     "wall_clock_s": state.get("wall_clock_s"), "elapsed_s": elapsed, "restarts": restarts,
+                     "restart_steps": [p.step for p in restart_points]},
+        "loss": {"final_train": _finite(state.get("last_loss")), "final_val": _finite(state.get("last_val_loss")),
+                 "final_val_step": val[-1].step if val else None,
+                 "min_val": min((p.value for p in val), default=None)},
+        "throughput": _throughput(run, points, state, model, world),
+        "parameters": dataclasses.asdict(flops.param_counts(model)),
+        "final_weights": {"file": BUNDLE_MODEL, "sha256": final.sha256, "source_checkpoint": final.step_dir.name,
+                          "source_path": str(final.step_dir.resolve()),
+                          "source_sha256": state.get("files", {}).get(ck.MODEL_FILE)},
+        "mlflow": {"uri": run.uri, "run_id": run.run_id, "experiment": run.experiment_name,
+                   "run_name": run.run_name, "status": run.status, "metric_points": len(points),
+                   "replayed_points_dropped": replayed},
+    }

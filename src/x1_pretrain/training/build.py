@@ -1,0 +1,302 @@
+"""Turn a resolved config and the trainer's options into a ready :class:`~x1_pretrain.training.loop.Run`:
+data, model, optimizer, tracking, checkpoints, spikes and the budget monitor, each built by one small
+function, so ``session.py`` can read as: gate → build → loop → exit code."""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core import config as C
+from ..core.env import machine, versions
+from ..core.errors import X1Error
+from ..data.tokens import Prefetcher, Sampler, TokenData, gather, open_token_data, val_starts
+from ..model import flops
+from ..model.transformer import Transformer, state_dict_for_saving
+from . import checkpoint as ck
+from .checkpointer import CheckpointCalls, Checkpointer
+from .device import CompileFallback, hardware_plan, seed_everything
+from .distributed import World
+from .hooks import BudgetHook, ProgressFile
+from .loop import LoopState, Run, StopFlag
+from .optim import build_optimizer
+from .options import TrainOptions
+from .resume import Resume, find_resume, restore
+from .spike import (
+    SpikeDetector,
+    SpikeInjector,
+    SpikeReport,
+    SpikeSchedule,
+    SpikeWatch,
+    rare_token_distribution,
+    unigram_counts,
+)
+from .tracking import MlflowTracker, NullTracker, resolve_uri, run_tags
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Context:
+    """Everything the session decided before building: config, options, where and how to run."""
+
+    cfg: C.Config
+    opts: TrainOptions
+    world: World
+    device: Any
+    log: Log
+    stop: StopFlag
+    started_unix: float
+    budget: Any = None            # training.session.BudgetSetup when a cap is set (rank 0 only), else None
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.opts.ckpt_dir
+
+
+@dataclass
+class Built:
+    """A ready run and what must be closed after it."""
+
+    run: Run
+    state: LoopState
+    resume: Resume
+    tracker: Any
+    checkpointer: Checkpointer | None
+    monitor: Any
+    sampler: Sampler
+    data: TokenData
+    prefetch: Prefetcher | None = None
+
+
+def _open_store(ctx: Context) -> tuple[TokenData, str, str | None]:
+    data = open_token_data(ctx.opts.data_dir, ctx.cfg.model.vocab_size, ctx.cfg.model.seq_len)
+    try:
+        ctx.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        uri, artifact_location = resolve_uri(ctx.opts.mlflow_uri, ctx.ckpt_dir)
+    except ValueError as e:
+        raise X1Error(str(e)) from None
+    except OSError as e:
+        raise X1Error(f"--ckpt-dir {ctx.ckpt_dir} cannot be created or written ({e.strerror}); choose a writable "
+                      "directory") from None
+    return data, uri, artifact_location
+
+
+def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopState]:
+    """(plain model, what forward runs (DDP and/or compiled), optimizer, loop state)."""
+    import torch
+
+    cfg, device, log = ctx.cfg, ctx.device, ctx.log
+    use_flash = hardware_plan(cfg, device, log)
+    seed_everything(cfg.train.seed)
+    model = Transformer(cfg.model).to(device)
+    model.set_attention(use_flash)
+    optimizer = build_optimizer(model, cfg, device)
+    state = LoopState()
+    if resume.found is not None:
+        state = restore(resume.found, model, optimizer, device)
+        log(f"resuming from {resume.found.path} at step {state.step} ({state.tokens_seen:,} tokens seen)")
+    dev_name = run_tags_device(device)
+    log(f"config {ctx.opts.config} sha256 {cfg.sha256()[:12]} | device {dev_name} | "
+        f"attention {'flash-attn' if use_flash else 'SDPA'} | precision {cfg.train.precision}")
+    for line in flops.describe(cfg.model, dev_name if device.type == "cuda" else None,
+                               ctx.opts.peak_tflops).splitlines():
+        log(line)
+    forward: Any = model
+    if ctx.world.size > 1:
+        # broadcast_buffers off: the only buffers are the RoPE tables, the same on every rank. (Newer torch
+        # renames the flag with a FutureWarning; the old name is the one torch 2.5 knows.)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            forward = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+    return model, forward, optimizer, state
+
+
+def run_tags_device(device: Any) -> str:
+    from ..core.env import device_name
+
+    return device_name(device)
+
+
+def _tracker(ctx: Context, uri: str, artifact_location: str | None, resume: Resume, data: TokenData) -> Any:
+    cfg, opts, log = ctx.cfg, ctx.opts, ctx.log
+    if not ctx.world.main:
+        return NullTracker()
+    run_name = opts.run_name or f"{Path(opts.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    tracker = MlflowTracker(uri, artifact_location, run_name, run_id=resume.state.get("mlflow_run_id"),
+                            experiment=opts.experiment)
+    if resume.found is not None and resume.state.get("mlflow_uri") not in (None, uri):
+        log(f"warning: the checkpoint's MLflow store was {resume.state.get('mlflow_uri')}; logging to {uri} now")
+    if resume.found is None:
+        tracker.log_params({**C.flatten(cfg.to_dict()), "config_sha256": cfg.sha256(), "seed": cfg.train.seed,
+                            "world_size": ctx.world.size, "data_dir": str(data.directory),
+                            "tokens_per_step": cfg.tokens_per_step(),
+                            **{f"version.{k}": v for k, v in versions().items()}})
+        cfg_file = ctx.ckpt_dir / f".resolved-config-{os.getpid()}.yaml"
+        cfg_file.write_text(f"# sha256 {cfg.sha256()}\n" + C.to_yaml(cfg))
+        tracker.log_artifact(cfg_file, "config")
+        cfg_file.unlink(missing_ok=True)
+    tags: dict[str, Any] = {**run_tags(run_tags_device(ctx.device)), "config_file": str(opts.config),
+                            "restarts": restarts()}
+    if ctx.budget is not None:
+        tags.update(ctx.budget.tags())
+    if resume.changes:
+        tags["config_changed_on_resume"] = "; ".join(resume.changes)[:4000]
+    tracker.set_tags(tags)
+    if resume.found is not None:
+        tracker.log_metrics(resume.found.step, {"run/restarts": float(restarts())})
+    log(f"MLflow: {uri} run {tracker.run_id or '(pending: server unreachable)'}"
+        + (" (continued)" if resume.found is not None else ""))
+    return tracker
+
+
+def restarts() -> int:
+    """How many times the watchdog has relaunched this run (it sets X1_RESTART_COUNT)."""
+    return int(os.environ.get("X1_RESTART_COUNT", "0") or 0)
+
+
+def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> tuple[SpikeInjector | None, SpikeWatch]:
+    cfg, sp, log = ctx.cfg, ctx.opts.spike, ctx.log
+    injector = None
+    if sp.inject_at_step is not None:
+        counts = unigram_counts(data.directory, data.train, cfg.model.vocab_size, cache_dir=ctx.ckpt_dir, log=log)
+        ids, probs = rare_token_distribution(counts, data.meta.get("eot_id"))
+        injector = SpikeInjector(SpikeSchedule(sp.inject_at_step, sp.batches), ids, probs, cfg.train.seed)
+        last = sp.inject_at_step + sp.batches - 1
+        tracker.set_tags({"spike_injection": f"steps {sp.inject_at_step}..{last} "
+                          f"(--inject-spike-at-step {sp.inject_at_step} --spike-batches {sp.batches})",
+                          "spike_inject_at_step": sp.inject_at_step, "spike_batches": sp.batches})
+        log(f"spike injection planned: steps {sp.inject_at_step}..{last} on rare-token batches "
+            f"({len(ids)} rarest token types of the train split)")
+    sc = cfg.spike
+    watch = SpikeWatch(SpikeDetector(sc.ema_alpha, sc.warmup_steps, sc.loss_sigma, sc.min_loss_jump,
+                                     sc.grad_factor, sc.grad_window),
+                       injector, sc.skip_spike_steps, sp.force_inject,
+                       SpikeReport(log, tracker.log_metrics, tracker.set_tags))
+    if resume.state.get("spike"):
+        watch.load_state(resume.state["spike"])
+    return injector, watch
+
+
+class TrainerState:
+    """Builds ``trainer_state.json`` for each checkpoint: counts, RNG, data position, config, provenance."""
+
+    def __init__(self, ctx: Context, data: TokenData, sampler: Sampler, tracker: Any, resume: Resume) -> None:
+        self.ctx, self.data, self.sampler, self.tracker = ctx, data, sampler, tracker
+        self.wall_before = resume.state.get("wall_clock_s", 0.0)
+        self.machine = machine()
+        self.monitor: Any = None
+        self.spike_watch: Any = None
+        self.uri = ""
+
+    def __call__(self, run: Any, st: LoopState) -> dict[str, Any]:
+        cfg = self.ctx.cfg
+        chunks = cfg.train.batch_size // cfg.train.micro_batch_size
+        return {
+            "step": st.step, "tokens_seen": st.tokens_seen, "train_time_s": st.train_time_s,
+            "wall_clock_s": time.time() - self.ctx.started_unix + self.wall_before,
+            "last_loss": st.last_loss, "last_val_loss": st.last_val_loss,
+            "rng": ck.rng_state(),
+            "data_position": {"next_step": st.step, "seed": cfg.train.seed, "chunks_per_step": chunks,
+                              "micro_batch_size": cfg.train.micro_batch_size,
+                              "epoch": self.sampler.epoch_of(st.step)},
+            "data_dir": str(self.data.directory), "data_identity": self.data.identity,
+            "config_sha256": cfg.sha256(), "config": cfg.to_dict(),
+            "mlflow_uri": self.uri, "mlflow_run_id": self.tracker.run_id, "restarts": restarts(),
+            "budget": self.monitor.snapshot_json() if self.monitor is not None else None,
+            "spike": self.spike_watch.state() if self.spike_watch is not None else None,
+            "versions": versions(), "world_size": self.ctx.world.size, "machine": self.machine,
+            "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+
+def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resume: Resume) -> Checkpointer | None:
+    if not ctx.world.main:
+        return None
+
+    def on_saved(step: int, path: Path, secs: float, size: int) -> None:
+        tracker.log_metrics(step, {"checkpoint/save_s": secs, "checkpoint/mb_per_s": size / 1e6 / max(secs, 1e-9),
+                                   "checkpoint/size_mb": size / 1e6})
+
+    def before_save() -> None:
+        # Every metric up to a checkpoint is in the store before the checkpoint exists: a process killed
+        # later loses only metrics of steps that its resumed successor replays and logs again.
+        if tracker.reachable:
+            tracker.flush(timeout_s=10.0)
+
+    calls = CheckpointCalls(state_dict_for_saving, trainer_state, ctx.log, on_saved,
+                            lambda path, hashes: tag_final(tracker, ctx.ckpt_dir, path, hashes), before_save)
+    checkpointer = Checkpointer(ctx.ckpt_dir, ctx.cfg.checkpoint.keep_last, ctx.cfg.checkpoint.async_save, calls)
+    if resume.found is not None:
+        checkpointer.last_saved_step = resume.found.step
+    return checkpointer
+
+
+def tag_final(tracker: Any, ckpt_dir: Path, step_dir: Path, hashes: dict[str, str]) -> None:
+    """Record in MLflow which files are the run's final weights (export_run and dod check them)."""
+    tracker.set_tags({"final_checkpoint": str(step_dir.resolve()),
+                      "final_safetensors": str((ckpt_dir / ck.FINAL_MODEL).resolve()),
+                      "final_safetensors_sha256": hashes[ck.FINAL_MODEL]})
+
+
+def _val_batches(ctx: Context, data: TokenData) -> list[Any]:
+    cfg = ctx.cfg
+    starts = val_starts(data.val.size, cfg.model.seq_len, cfg.train.eval_batches * cfg.train.micro_batch_size)
+    return [gather(data.val, starts[i:i + cfg.train.micro_batch_size], cfg.model.seq_len)
+            for i in range(0, len(starts), cfg.train.micro_batch_size)]
+
+
+def build_run(ctx: Context) -> Built:
+    """Build everything the loop needs, in the order the log tells it."""
+    cfg, log = ctx.cfg, ctx.log
+    data, uri, artifact_location = _open_store(ctx)
+    resume = find_resume(ctx.ckpt_dir, ctx.opts.resume, ctx.opts.allow_config_change, cfg, data, log)
+    model, forward, optimizer, state = _model(ctx, resume)
+    ddp = forward if ctx.world.size > 1 else None
+    if cfg.train.compile:
+        import torch
+
+        log(f"torch.compile mode={cfg.train.compile_mode} (first step includes compilation)")
+        forward = CompileFallback(torch.compile(forward, mode=cfg.train.compile_mode), forward, log)
+    chunks_per_step = cfg.train.batch_size // cfg.train.micro_batch_size
+    sampler = Sampler(data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size, chunks_per_step)
+    val_batches = _val_batches(ctx, data)
+    log(f"data {data.directory}: {data.train.size:,} train tokens ({sampler.n_windows:,} windows), "
+        f"{data.val.size:,} val tokens ({sum(len(x) for x, _ in val_batches)} fixed eval windows); "
+        f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")
+    tracker = _tracker(ctx, uri, artifact_location, resume, data)
+    trainer_state = TrainerState(ctx, data, sampler, tracker, resume)
+    trainer_state.uri = uri
+    injector, spike_watch = _spikes(ctx, data, tracker, resume)
+    trainer_state.spike_watch = spike_watch
+    monitor = ctx.budget.monitor(log, tracker.log_metrics) if ctx.budget is not None else None
+    trainer_state.monitor = monitor
+    checkpointer = _checkpointer(ctx, tracker, trainer_state, resume)
+    hooks: list[Any] = [spike_watch]
+    if checkpointer is not None:
+        hooks.insert(0, ProgressFile(ctx.ckpt_dir, ctx.started_unix, checkpointer))
+    if monitor is not None:
+        hooks.append(BudgetHook(monitor))
+    fpt = flops.flops_per_token(cfg.model)
+    peak = flops.peak_tflops(run_tags_device(ctx.device) if ctx.device.type == "cuda" else None,
+                             ctx.opts.peak_tflops)
+    run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=optimizer, device=ctx.device, batches=iter(()),
+              chunks=ctx.world.chunks(cfg.train.grad_accum_steps), val_batches=val_batches,
+              flops_per_token=fpt.honest, world=ctx.world, ddp=ddp, peak_tflops=peak, tracker=tracker,
+              console=log, stop=ctx.stop, checkpointer=checkpointer, hooks=hooks, lab_flops_per_token=fpt.lab_6n,
+              batch_source=injector, spike_watch=spike_watch)
+    return Built(run, state, resume, tracker, checkpointer, monitor, sampler, data)
+
+
+def start_batches(built: Built) -> None:
+    """Start the prefetch thread for the steps the loop will run."""
+    cfg, run = built.run.cfg, built.run
+    built.prefetch = Prefetcher(built.data.train, built.sampler, run.chunks, built.state.step, cfg.train.total_steps,
+                                cfg.train.prefetch, pin=run.device.type == "cuda")
+    run.batches = iter(built.prefetch)

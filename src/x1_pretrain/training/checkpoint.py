@@ -1,0 +1,280 @@
+"""Atomic checkpoints: ``step_<7 digits>/`` with ``model.safetensors`` (fp32 master weights under
+transformers-Llama names), ``optimizer.pt``, ``trainer_state.json`` and a ``DONE`` marker written last.
+
+A checkpoint is written into a hidden temporary directory, fsynced, and renamed into place; only then
+is ``latest`` (a one-line text file naming the directory) replaced. A directory without ``DONE``, or
+whose files fail the sha256 recorded in its ``trainer_state.json``, does not exist for resume.
+Loading unpickles nothing except through ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core import safetensors_io
+from ..core.errors import X1Error
+from ..core.fileio import fsync_dir as _fsync_dir
+from ..core.fileio import sha256_file, write_text_atomic
+
+STEP_RE = re.compile(r"^step_(\d{7})$")
+MODEL_FILE, OPTIM_FILE, STATE_FILE, DONE_FILE, PIN_FILE = (
+    "model.safetensors", "optimizer.pt", "trainer_state.json", "DONE", "PIN")
+LATEST, FINAL_MODEL, FINAL_OPTIM, PROGRESS = "latest", "final.safetensors", "final-optimizer.pt", "progress.json"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:07d}"
+
+
+# --- RNG state as JSON ------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    py = random.getstate()
+    np_state: Any = np.random.get_state()
+    out: dict[str, Any] = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+        "cuda": [],
+    }
+    if torch.cuda.is_available():
+        out["cuda"] = [base64.b64encode(s.numpy().tobytes()).decode() for s in torch.cuda.get_rng_state_all()]
+    return out
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    v, internal, gauss = state["python"]
+    random.setstate((v, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    if state.get("cuda") and torch.cuda.is_available():
+        states = [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]]
+        torch.cuda.set_rng_state_all(states[: torch.cuda.device_count()])
+
+
+# --- snapshots and writing --------------------------------------------------------------------------
+def to_cpu(obj: Any) -> Any:
+    """Deep copy with every tensor moved to (or cloned on) the CPU, so training can go on meanwhile."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
+@dataclass
+class Snapshot:
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    state: dict[str, Any]          # trainer_state.json without the file hashes
+
+
+def write_step_dir(ckpt_dir: Path, snap: Snapshot) -> tuple[Path, int]:
+    """Write one complete checkpoint directory atomically. Returns (path, bytes written)."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    final = ckpt_dir / step_dir_name(snap.step)
+    tmp = ckpt_dir / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    files = {MODEL_FILE: safetensors_io.save(snap.model, tmp / MODEL_FILE, {"format": "pt"})}
+    with open(tmp / OPTIM_FILE, "wb") as f:
+        torch.save(snap.optimizer, f)
+        f.flush()
+        os.fsync(f.fileno())
+    files[OPTIM_FILE] = sha256_file(tmp / OPTIM_FILE)
+    state = {**snap.state, "files": files}
+    state_text = json.dumps(state, indent=1, sort_keys=True)
+    with open(tmp / STATE_FILE, "w") as f:
+        f.write(state_text)
+        f.flush()
+        os.fsync(f.fileno())
+    with open(tmp / DONE_FILE, "w") as f:  # last: names the state file's hash
+        f.write(hashlib.sha256(state_text.encode()).hexdigest() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
+        old = ckpt_dir / f".{final.name}.old-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(ckpt_dir)
+    write_text_atomic(ckpt_dir / LATEST, final.name + "\n")
+    size = sum(p.stat().st_size for p in final.iterdir())
+    return final, size
+
+
+def write_final_files(ckpt_dir: Path, step_dir: Path) -> dict[str, str]:
+    """``final.safetensors`` and ``final-optimizer.pt`` beside the step dirs (the lab's shutdown list)."""
+    out = {}
+    for src, name in ((MODEL_FILE, FINAL_MODEL), (OPTIM_FILE, FINAL_OPTIM)):
+        tmp = ckpt_dir / f".{name}.tmp-{os.getpid()}"
+        shutil.copyfile(step_dir / src, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, ckpt_dir / name)
+        out[name] = sha256_file(ckpt_dir / name)
+    _fsync_dir(ckpt_dir)
+    return out
+
+
+def prune(ckpt_dir: Path, keep_last: int) -> list[Path]:
+    """Delete complete step dirs beyond the newest ``keep_last`` (never a pinned one, never ``latest``)."""
+    dirs = list_step_dirs(ckpt_dir)
+    complete = [(s, p) for s, p in dirs if (p / DONE_FILE).is_file()]
+    latest = read_latest(ckpt_dir)
+    removed = []
+    for _, p in complete[:-keep_last]:
+        if (p / PIN_FILE).exists() or p.name == latest:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    for stale in ckpt_dir.glob(".step_*.tmp-*"):  # left by a process killed mid-write
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- finding and loading ----------------------------------------------------------------------------
+def list_step_dirs(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    if not ckpt_dir.is_dir():
+        return []
+    out = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if p.is_dir() and (m := STEP_RE.match(p.name))]
+    return sorted(out)
+
+
+def read_latest(ckpt_dir: Path) -> str | None:
+    try:
+        return (ckpt_dir / LATEST).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def verify(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(trainer state, None) when the checkpoint is complete and intact, else (None, the problem)."""
+    if not (path / DONE_FILE).is_file():
+        return None, "no DONE marker (the write was interrupted)"
+    try:
+        state_text = (path / STATE_FILE).read_text()
+        state = json.loads(state_text)
+    except (OSError, json.JSONDecodeError) as e:
+        return None, f"{STATE_FILE} unreadable ({e})"
+    if hashlib.sha256(state_text.encode()).hexdigest() != (path / DONE_FILE).read_text().strip():
+        return None, f"{STATE_FILE} does not match the hash in DONE"
+    for name, digest in state.get("files", {}).items():
+        f = path / name
+        if not f.is_file():
+            return None, f"{name} is missing"
+        if sha256_file(f) != digest:
+            return None, f"{name} fails its recorded sha256 (corrupted on disk?)"
+    return state, None
+
+
+@dataclass
+class Found:
+    path: Path
+    step: int
+    state: dict[str, Any]
+
+
+def find_latest_complete(ckpt_dir: Path, warn: Callable[[str], None]) -> Found | None:
+    """The newest checkpoint that verifies; every skipped one is named in a warning."""
+    for step, path in reversed(list_step_dirs(ckpt_dir)):
+        state, problem = verify(path)
+        if state is None:
+            warn(f"skipping checkpoint {path}: {problem}")
+            continue
+        return Found(path, step, state)
+    return None
+
+
+def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    return safetensors_io.load(path / MODEL_FILE if path.is_dir() else path)
+
+
+def load_optimizer(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
+    try:
+        return torch.load(path / OPTIM_FILE if path.is_dir() else path, map_location=map_location,
+                          weights_only=True)
+    except Exception as e:  # a pickle that is not plain tensors/containers is refused here
+        raise X1Error(f"{path}: optimizer state cannot be loaded safely ({type(e).__name__}: {e})") from None
+
+
+def load_model_state(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    tied = getattr(getattr(model, "config", None), "tie_embeddings", False)
+    missing = [k for k in missing if not (tied and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise X1Error(f"{where}: weights do not fit this model (missing {missing[:5]}, unexpected "
+                      f"{unexpected[:5]}); was the config changed?")
+
+
+def write_progress(ckpt_dir: Path, info: dict[str, Any]) -> None:
+    """A small status file the watchdog reads (pid, step, timings); replaced atomically."""
+    write_text_atomic(ckpt_dir / PROGRESS, json.dumps(info, sort_keys=True))
+
+
+EXIT_STATUS = "exit_status.json"
+
+
+EXIT_STATUS_ENV = "X1_EXIT_STATUS"  # a file the watchdog owns and reads after each child
+
+
+def write_exit_status(ckpt_dir: Path, code: int, reason: str) -> None:
+    """Rank 0's exit code, for the watchdog: torchrun reports any failing worker as 1, which would hide a
+    budget stop (3, 4), a divergence (5) or a usage error (2) behind a relaunchable code. Written into an
+    existing checkpoint dir (a typo in the flags must not create directories) and to ``$X1_EXIT_STATUS``."""
+    blob = json.dumps({"exit_code": code, "reason": reason, "pid": os.getpid(), "time_unix": time.time()})
+    targets = [ckpt_dir / EXIT_STATUS] if ckpt_dir.is_dir() else []
+    if os.environ.get(EXIT_STATUS_ENV):
+        targets.append(Path(os.environ[EXIT_STATUS_ENV]))
+    for target in targets:
+        write_text_atomic(target, blob)
+
+
+def read_exit_status(path: Path) -> dict[str, Any] | None:
+    """The status in ``path`` (a file, or a checkpoint dir holding exit_status.json)."""
+    try:
+        data = json.loads((path / EXIT_STATUS if path.is_dir() else path).read_text())
+        return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def read_progress(ckpt_dir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((ckpt_dir / PROGRESS).read_text())
+        return data if isinstance(data, dict) else None
+    except (OSError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,305 @@
+"""The training loop, as a story: batch → forward → backward → clip → step → log, then at their
+steps: eval, checkpoint, budget check, spike watch, interruption.
+
+Everything with a side effect (clock, signals, files, MLflow, the budget file) is built by
+``train.py`` and handed in through :class:`Run`, so tests can drive the loop with fakes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from ..core.config import Config
+from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLOW
+from ..data.tokens import Batch
+from .distributed import World, agree_max, mean_over_ranks
+from .schedule import lr_at
+
+
+class Diverged(Exception):
+    def __init__(self, step: int, loss: float, grad_norm: float) -> None:
+        self.step, self.loss, self.grad_norm = step, loss, grad_norm
+        super().__init__(f"loss {loss} / grad norm {grad_norm} at step {step}: training diverged")
+
+
+@dataclass
+class LoopState:
+    """What a checkpoint must restore besides weights and optimizer: counts of completed work."""
+
+    step: int = 0                 # optimizer steps completed (the next step to run has this index)
+    tokens_seen: int = 0
+    train_time_s: float = 0.0     # wall-clock spent in training steps, summed over restarts
+    last_loss: float = float("nan")
+    last_val_loss: float = float("nan")
+    last_step_s: float = float("nan")  # duration of the latest step (not saved)
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    reason: str
+    step: int
+
+
+class Tracker(Protocol):
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
+
+
+class StepHook(Protocol):
+    """Something that looks at the run after each optimizer step and may end it.
+
+    Returns None to carry on, or an Outcome; ``checkpoint`` asks the loop to write one first.
+    """
+
+    def after_step(self, run: Run, state: LoopState, metrics: dict[str, float]) -> tuple[Outcome, bool] | None: ...
+
+
+class BatchSource(Protocol):
+    """Replaces the data batch of some steps (spike injection); must be a pure function of the step."""
+
+    def replace(self, step: int, chunk: int, batch: Batch) -> Batch: ...
+
+
+class Checkpointer(Protocol):
+    def save(self, run: Run, state: LoopState, reason: str) -> None: ...
+
+    def wait(self) -> None: ...
+
+
+@dataclass
+class StopFlag:
+    """Set by signal handlers (train.py); read by the loop between optimizer steps."""
+
+    requested: str | None = None
+    requested_at: float | None = None
+    checkpoint_now: bool = False
+
+
+@dataclass
+class Run:
+    cfg: Config
+    model: nn.Module                 # what forward runs (compiled or DDP-wrapped)
+    raw_model: nn.Module             # the plain Transformer (for norms, saving)
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    batches: Iterator[Batch]
+    chunks: list[int]                # chunk indices this rank runs each step, in order
+    val_batches: list[tuple[torch.Tensor, torch.Tensor]]
+    flops_per_token: int
+    peak_tflops: float | None
+    world: World = field(default_factory=World)
+    ddp: Any = None                  # the DistributedDataParallel wrapper, for no_sync on accumulation steps
+    tracker: Tracker | None = None
+    console: Callable[[str], None] = print
+    clock: Callable[[], float] = time.monotonic
+    stop: StopFlag = field(default_factory=StopFlag)
+    checkpointer: Checkpointer | None = None
+    batch_source: BatchSource | None = None
+    hooks: list[StepHook] = field(default_factory=list)
+    lab_flops_per_token: int | None = None
+    spike_watch: Any = None          # spike.SpikeWatch: consulted before each update (may skip it)
+
+    @property
+    def world_size(self) -> int:
+        return self.world.size
+
+    @property
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.cfg.train.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+
+def param_norm(model: nn.Module) -> float:
+    with torch.no_grad():
+        norms = [p.detach().float().norm() for p in model.parameters()]
+        return float(torch.linalg.vector_norm(torch.stack(norms)))
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> float:
+    """Mean loss over the fixed val windows (the same windows at every call)."""
+    run.model.eval()
+    total, count = 0.0, 0
+    for x, y in run.val_batches:
+        with run.autocast:
+            loss = run.model(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
+        total += float(loss) * x.shape[0]
+        count += x.shape[0]
+    run.model.train()
+    return total / max(count, 1)
+
+
+class Throughput:
+    """Step times over a moving window, skipping the first steps of a process (compile, warm-up)."""
+
+    def __init__(self, window: int, skip: int = 3) -> None:
+        self.times: deque[float] = deque(maxlen=window)
+        self.skip = skip
+        self.seen = 0
+
+    def add(self, seconds: float) -> None:
+        self.seen += 1
+        if self.seen > self.skip:
+            self.times.append(seconds)
+
+    @property
+    def warm(self) -> bool:
+        return len(self.times) == self.times.maxlen
+
+    def mean_step_s(self) -> float:
+        return sum(self.times) / len(self.times) if self.times else float("nan")
+
+
+def train_step(run: Run, step: int) -> tuple[float, float, float]:
+    """One optimizer step over all this rank's chunks. Returns (mean loss, grad norm before clipping, lr)."""
+    cfg = run.cfg
+    lr = lr_at(step, cfg.optim, cfg.train.total_steps)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    n = len(run.chunks)
+    loss_sum = torch.zeros((), device=run.device)
+    for i, chunk in enumerate(run.chunks):
+        batch = next(run.batches)
+        if (batch.step, batch.chunk) != (step, chunk):  # an invariant of the prefetcher
+            raise RuntimeError(f"batch order broken: got {(batch.step, batch.chunk)}, expected {(step, chunk)}")
+        if run.batch_source is not None:
+            batch = run.batch_source.replace(step, chunk, batch)
+        x = batch.x.to(run.device, non_blocking=True)
+        y = batch.y.to(run.device, non_blocking=True)
+        sync_ctx = run.ddp.no_sync() if run.ddp is not None and i < n - 1 else contextlib.nullcontext()
+        with sync_ctx:
+            with run.autocast:
+                loss = run.model(x, y)
+            (loss / n).backward()
+        loss_sum += loss.detach()
+    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), clip))
+    loss_value = float(mean_over_ranks(loss_sum / n, run.world))
+    if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
+        run.optimizer.zero_grad(set_to_none=True)
+        raise Diverged(step + 1, loss_value, grad_norm)  # numbered like the console: steps done
+    skip = run.spike_watch is not None and run.spike_watch.observe(step, loss_value, grad_norm, cfg.optim.grad_clip)
+    if not skip:
+        run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss_value, grad_norm, lr
+
+
+def _fmt_eta(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    h, rem = divmod(int(seconds), 3600)
+    return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+
+
+def train_loop(run: Run, state: LoopState) -> Outcome:
+    """Run optimizer steps from ``state.step`` to ``train.total_steps``; return how it ended.
+
+    Raises :class:`Diverged` on a NaN/Inf loss or grad norm (no checkpoint is written from those weights).
+    """
+    cfg = run.cfg.train
+    tokens_per_step = run.cfg.tokens_per_step()
+    meter = Throughput(cfg.throughput_window)
+    run.raw_model.train()
+    if state.step == 0:
+        _eval_and_log(run, state)  # the starting point of the val curve
+    while state.step < cfg.total_steps:
+        step = state.step
+        t0 = run.clock()
+        loss, grad_norm, lr = train_step(run, step)
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        dt = run.clock() - t0
+        meter.add(dt)
+        state.step = step + 1
+        state.tokens_seen += tokens_per_step
+        state.train_time_s += dt
+        state.last_step_s = dt
+        state.last_loss = loss
+        done = state.step
+
+        metrics: dict[str, float] = {"train/loss": loss, "train/grad_norm": grad_norm,
+                                     "train/lr": lr}
+        if done % cfg.log_every == 0 or done == 1 or done == cfg.total_steps:
+            mean_dt = meter.mean_step_s() if meter.times else dt
+            tps = tokens_per_step / mean_dt
+            mfu = tps * run.flops_per_token / (run.peak_tflops * 1e12 * run.world_size) if run.peak_tflops \
+                else float("nan")
+            metrics.update({
+                "train/param_norm": param_norm(run.raw_model),
+                "train/tokens_per_s": tps,
+                "train/mfu": mfu,
+                "train/step_time_s": mean_dt,
+                "train/tokens_seen": float(state.tokens_seen),
+            })
+            if run.tracker is not None:
+                run.tracker.log_metrics(done, {k: v for k, v in metrics.items()})
+            eta = (cfg.total_steps - done) * mean_dt
+            mfu_s = f"{mfu * 100:5.1f}%" if math.isfinite(mfu) else "  n/a"
+            run.console(f"step {done:>7}/{cfg.total_steps} | loss {loss:7.4f} | lr {metrics['train/lr']:.2e} | "
+                        f"grad {grad_norm:7.3f} | {tps:10,.0f} tok/s | MFU {mfu_s} | ETA {_fmt_eta(eta)}")
+        verdict: tuple[Outcome, bool] | None = None
+        if cfg.min_tokens_per_s is not None and meter.warm and run.world.main and \
+                "train/tokens_per_s" in metrics and metrics["train/tokens_per_s"] < cfg.min_tokens_per_s:
+            run.console(f"throughput {metrics['train/tokens_per_s']:,.0f} tokens/s over the last {len(meter.times)} "
+                        f"steps is below --min-tokens-per-s {cfg.min_tokens_per_s:,.0f}: stopping to diagnose")
+            verdict = (Outcome(EXIT_SLOW, "throughput below floor", done), True)
+
+        if done % cfg.eval_every == 0 and done != cfg.total_steps:
+            _eval_and_log(run, state)
+
+        for hook in run.hooks:
+            if verdict is None:
+                verdict = hook.after_step(run, state, metrics)
+
+        # Every rank acts on the same decisions at the same step: rank 0's verdict, anyone's signal.
+        code, want_ckpt, stop, ckpt_now = agree_max(
+            [verdict[0].exit_code if verdict else 0, int(verdict[1]) if verdict else 0,
+             int(run.stop.requested is not None), int(run.stop.checkpoint_now)], run.world, run.device)
+        if code:
+            outcome = verdict[0] if verdict else Outcome(code, "stopped by rank 0", done)
+            # A budget stop ends the run for good: its checkpoint is the final one (final.safetensors).
+            return _end(run, state, outcome, checkpoint=bool(want_ckpt), final=code == EXIT_BUDGET_CHECKPOINT)
+
+        if run.checkpointer is not None and done % cfg.ckpt_every == 0 and done != cfg.total_steps:
+            run.checkpointer.save(run, state, "periodic")
+        elif run.checkpointer is not None and ckpt_now:
+            run.checkpointer.save(run, state, "requested (SIGUSR1)")
+        if ckpt_now:  # a SIGUSR1 that arrived after the agreement is served next step
+            run.stop.checkpoint_now = False
+
+        if stop:
+            why = run.stop.requested or "a signal to another rank"
+            run.console(f"{why} received: stopping after step {done} with a checkpoint")
+            outcome = _end(run, state, Outcome(EXIT_INTERRUPTED, f"interrupted by {why}", done), checkpoint=True)
+            if run.stop.requested_at is not None:
+                run.console(f"clean stop {run.clock() - run.stop.requested_at:.2f} s after {why}")
+            return outcome
+
+    _eval_and_log(run, state)
+    return _end(run, state, Outcome(EXIT_OK, "finished", state.step), checkpoint=True, final=True)
+
+
+def _eval_and_log(run: Run, state: LoopState) -> None:
+    val = evaluate(run)
+    state.last_val_loss = val
+    if run.tracker is not None:
+        run.tracker.log_metrics(state.step, {"val/loss": val})
+    run.console(f"step {state.step:>7} | val loss {val:.4f}")
+
+
+def _end(run: Run, state: LoopState, outcome: Outcome, checkpoint: bool, final: bool = False) -> Outcome:
+    if checkpoint and run.checkpointer is not None:
+        run.checkpointer.save(run, state, "final" if final else outcome.reason)
+        run.checkpointer.wait()
+    return outcome

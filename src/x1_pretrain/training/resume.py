@@ -1,0 +1,77 @@
+"""Where a run starts: fresh, or from the newest complete checkpoint, after checking that the checkpoint's
+run is this one (same config and data, unless ``--allow-config-change``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core import config as C
+from ..core.errors import X1Error
+from . import checkpoint as ck
+from .loop import LoopState
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Resume:
+    found: ck.Found | None = None          # the checkpoint resumed from (None: a fresh run)
+    changes: list[str] = field(default_factory=list)   # config/data changes allowed by --allow-config-change
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.found.state if self.found is not None else {}
+
+
+def find_resume(ckpt_dir: Path, resume: bool, allow_change: bool, cfg: C.Config, data: Any, log: Log) -> Resume:
+    if not resume:
+        existing = ck.list_step_dirs(ckpt_dir)
+        if existing:
+            raise X1Error(f"--ckpt-dir {ckpt_dir} already holds checkpoints ({existing[-1][1].name}); "
+                          "pass --resume-from-latest to continue that run, or choose an empty --ckpt-dir")
+        return Resume()
+    found = ck.find_latest_complete(ckpt_dir, lambda m: log(f"warning: {m}"))
+    if found is None:
+        log(f"no complete checkpoint in {ckpt_dir} yet: starting fresh")
+        return Resume()
+    return Resume(found, check_compatible(found, cfg, data, allow_change, log))
+
+
+def check_compatible(found: ck.Found, cfg: C.Config, data: Any, allow: bool, log: Log) -> list[str]:
+    """Differences between the checkpoint's run and this one; raises unless --allow-config-change."""
+    saved = found.state
+    changes: list[str] = []
+    for key, old, new in C.diff(saved.get("config", {}), cfg.to_dict()):
+        if key in C.OPERATIONAL_KEYS:
+            log(f"note: {key} changed from {old!r} to {new!r} since the checkpoint (operational; allowed)")
+        else:
+            changes.append(f"{key}: {old!r} -> {new!r}")
+    if saved.get("data_identity") != data.identity:
+        changes.append(f"data: {data.directory}/meta.json describes other tokens than the run was trained on "
+                       f"(trained on {saved.get('data_dir')})")
+    if changes and not allow:
+        lines = "\n".join(f"    {c}" for c in changes)
+        raise X1Error(f"{found.path} was written with another configuration or data:\n{lines}\n"
+                      "  hint: pass --allow-config-change to resume anyway (it is logged), or use the original "
+                      "config and data")
+    for c in changes:
+        log(f"warning: resuming with a change ({c}) because --allow-config-change was given")
+    return changes
+
+
+def restore(found: ck.Found, model: Any, optimizer: Any, device: Any) -> LoopState:
+    """Load weights, optimizer state and RNG streams; returns the loop's counters at the checkpoint."""
+    ck.load_model_state(model, {k: v.to(device) for k, v in ck.load_weights(found.path).items()}, found.path)
+    try:
+        optimizer.load_state_dict(ck.load_optimizer(found.path))
+    except ValueError as e:
+        raise X1Error(f"{found.path}: the optimizer state does not fit this run's parameter groups ({e}); "
+                      "optim.decay_embedding or the model changed since the checkpoint") from None
+    ck.restore_rng(found.state["rng"])
+    s = found.state
+    return LoopState(step=s["step"], tokens_seen=s["tokens_seen"], train_time_s=s["train_time_s"],
+                     last_loss=s.get("last_loss", math.nan), last_val_loss=s.get("last_val_loss", math.nan))

@@ -1,0 +1,307 @@
+"""MLflow tracking: the only module that imports mlflow.
+
+Metrics are buffered and sent in batches by a background thread (one ``log_batch`` per flush, never
+one round-trip per scalar). A tracking server that is down does not stop training: the buffer is kept
+and retried with backoff, and a single warning is printed per outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.names import EXPERIMENT
+
+_MAX_BATCH = 1000        # MLflow's limit of metrics per log_batch
+_MAX_PARAMS = 100        # and of params
+_MAX_BUFFER = 2_000_000  # metrics kept while the server is down (oldest dropped beyond, with a warning)
+
+
+def _warn(msg: str) -> None:
+    print(f"[mlflow] warning: {msg}", file=sys.stderr, flush=True)
+
+
+def resolve_uri(uri: str | None, ckpt_dir: Path) -> tuple[str, str | None]:
+    """(tracking URI, artifact location for a new experiment). Default: sqlite beside the checkpoints."""
+    if not uri:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        db = ckpt_dir.resolve() / "mlflow.db"
+        return f"sqlite:///{db}", (ckpt_dir.resolve() / "mlartifacts").as_uri()
+    if uri.startswith("file:") or "://" not in uri:
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true":
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+            print("[mlflow] note: MLflow 3 keeps the file:// store behind MLFLOW_ALLOW_FILE_STORE=true; "
+                  "x1 set it for this run (sqlite:///path.db is MLflow's recommended store)", file=sys.stderr)
+        return uri, None
+    if uri.startswith(("sqlite:", "http://", "https://", "postgresql", "mysql", "databricks")):
+        return uri, None
+    raise ValueError(f"--mlflow-uri {uri!r}: expected file:///path, sqlite:///path.db or http(s)://host")
+
+
+def git_commit(path: Path | None = None) -> str | None:
+    here = path or Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@dataclass
+class _Pending:
+    metrics: deque[Any] = field(default_factory=deque)
+    params: list[tuple[str, str]] = field(default_factory=list)
+    tags: list[tuple[str, str]] = field(default_factory=list)
+
+
+class MlflowTracker:
+    """One MLflow run, created or resumed. Thread-safe buffering; ``close`` flushes."""
+
+    def __init__(self, uri: str, artifact_location: str | None, run_name: str, run_id: str | None = None,
+                 experiment: str = EXPERIMENT, flush_every_s: float = 5.0) -> None:
+        # Fail fast per request and retry ourselves: the trainer must not stall on a dead server.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        from mlflow import MlflowClient
+
+        self.uri = uri
+        self._client = MlflowClient(tracking_uri=uri)
+        self._artifact_location = artifact_location
+        self._experiment = experiment
+        self._run_name = run_name
+        self.run_id: str | None = run_id
+        self._pending = _Pending()
+        self._lock = threading.Lock()          # guards the pending buffers
+        self._send_lock = threading.Lock()     # one sender at a time (background thread or flush)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._flush_every = flush_every_s
+        self._down_since: float | None = None
+        self._dropped = 0
+        self.resumed = run_id is not None
+        self._ensure_run()
+        self._thread = threading.Thread(target=self._loop, name="x1-mlflow", daemon=True)
+        self._thread.start()
+
+    # -- run creation (may be deferred while the server is unreachable) --
+    def _ensure_run(self) -> bool:
+        if self.run_id is not None and not getattr(self, "_run_checked", False):
+            try:
+                self._client.update_run(self.run_id, status="RUNNING")
+                self._run_checked = True
+            except Exception as e:
+                if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                    _warn(f"run {self.run_id} from the checkpoint is not in {self.uri}; starting a new run")
+                    self.run_id = None
+                    self.resumed = False
+                    return self._ensure_run()
+                self._note_down(e)
+                return False
+            return True
+        if self.run_id is not None:
+            return True
+        try:
+            exp = self._client.get_experiment_by_name(self._experiment)
+            exp_id = exp.experiment_id if exp else self._client.create_experiment(
+                self._experiment, artifact_location=self._artifact_location)
+            run = self._client.create_run(exp_id, run_name=self._run_name)
+            self.run_id = run.info.run_id
+            self._run_checked = True
+            return True
+        except Exception as e:
+            self._note_down(e)
+            return False
+
+    def _note_down(self, e: Exception) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            _warn(f"tracking server {self.uri} unreachable ({type(e).__name__}: {str(e)[:200]}); "
+                  "training continues, metrics are buffered and retried")
+
+    # -- public API --
+    @property
+    def reachable(self) -> bool:
+        """False while the server is known to be down (sends are failing)."""
+        return self._down_since is None
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        with self._lock:
+            self._pending.params.extend((k, str(v)[:6000]) for k, v in params.items())
+        self._wake.set()
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        with self._lock:
+            self._pending.tags.extend((k, str(v)[:5000]) for k, v in tags.items())
+        self._wake.set()
+
+    def log_metrics(self, step: int, metrics: dict[str, float], timestamp_ms: int | None = None) -> None:
+        from mlflow.entities import Metric
+
+        ts = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
+        items = [Metric(k, float(v), ts, step) for k, v in metrics.items()
+                 if v is not None and math.isfinite(float(v))]
+        with self._lock:
+            self._pending.metrics.extend(items)
+            overflow = len(self._pending.metrics) - _MAX_BUFFER
+            for _ in range(max(overflow, 0)):
+                self._pending.metrics.popleft()
+                self._dropped += 1
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Synchronous (rare, small files). Failure warns and returns."""
+        with self._send_lock:  # the sender thread may be creating the run right now
+            if not self._ensure_run() or self.run_id is None:
+                return
+            try:
+                self._client.log_artifact(self.run_id, str(path), artifact_path)
+            except Exception as e:
+                _warn(f"could not store artifact {path.name} ({type(e).__name__}: {str(e)[:200]})")
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Send everything buffered now; True when the buffer is empty afterwards."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._send_once():
+                return True
+            time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
+        return False
+
+    def close(self, status: str = "FINISHED", timeout_s: float | None = None,
+              spill_dir: Path | None = None) -> None:
+        """Flush (for up to ``timeout_s``, default $X1_MLFLOW_CLOSE_TIMEOUT_S or 30 s) and end the run.
+
+        Metrics still undelivered are written to ``spill_dir/mlflow-undelivered-<pid>.jsonl``.
+        """
+        if timeout_s is None:
+            timeout_s = float(os.environ.get("X1_MLFLOW_CLOSE_TIMEOUT_S", "30"))
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=timeout_s)
+        if not self.flush(timeout_s):
+            with self._lock:
+                left = list(self._pending.metrics)
+            where = ""
+            if spill_dir is not None and left:
+                import json
+
+                spill_dir.mkdir(parents=True, exist_ok=True)
+                path = spill_dir / f"mlflow-undelivered-{os.getpid()}.jsonl"
+                with open(path, "a") as f:
+                    for m in left:
+                        f.write(json.dumps({"key": m.key, "value": m.value, "step": m.step,
+                                            "timestamp": m.timestamp, "run_id": self.run_id}) + "\n")
+                where = f"; saved to {path}"
+            _warn(f"{len(left)} metrics could not be delivered to {self.uri} before exit{where}")
+        if self.run_id is not None:
+            try:
+                self._client.set_terminated(self.run_id, status=status)
+            except Exception as e:
+                _warn(f"could not mark the run {status} ({type(e).__name__})")
+
+    # -- background sending --
+    def _send_once(self) -> bool:
+        with self._send_lock:
+            return self._send_locked()
+
+    def _send_locked(self) -> bool:
+        with self._lock:
+            if not (self._pending.metrics or self._pending.params or self._pending.tags):
+                return True
+        if not self._ensure_run() or self.run_id is None:
+            return False
+        from mlflow.entities import Param, RunTag
+
+        try:
+            with self._lock:
+                params = list(self._pending.params)
+                tags = list(self._pending.tags)
+            for i in range(0, len(params), _MAX_PARAMS):
+                self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in params[i:i + _MAX_PARAMS]])
+            if tags:
+                self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags])
+            with self._lock:
+                del self._pending.params[:len(params)]
+                del self._pending.tags[:len(tags)]
+            while True:
+                with self._lock:
+                    batch = [self._pending.metrics[i] for i in range(min(_MAX_BATCH, len(self._pending.metrics)))]
+                if not batch:
+                    break
+                self._client.log_batch(self.run_id, metrics=batch)
+                with self._lock:
+                    for _ in batch:
+                        self._pending.metrics.popleft()
+        except Exception as e:
+            self._note_down(e)
+            return False
+        if self._down_since is not None:
+            print(f"[mlflow] tracking server reachable again after {time.monotonic() - self._down_since:.0f} s; "
+                  "buffered metrics delivered", file=sys.stderr)
+            self._down_since = None
+        if self._dropped:
+            _warn(f"{self._dropped} oldest metrics were dropped while the server was unreachable")
+            self._dropped = 0
+        return True
+
+    def _loop(self) -> None:
+        backoff = self._flush_every
+        while not self._stop.is_set():
+            self._wake.wait(backoff)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            ok = self._send_once()
+            backoff = self._flush_every if ok else min(backoff * 2, 60.0)
+
+
+def run_tags(device_name: str) -> dict[str, str]:
+    tags = {"host": socket.gethostname(), "device": device_name}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit.removesuffix("-dirty")
+        tags["git_commit"] = commit
+    return tags
+
+
+class NullTracker:
+    """The tracker of ranks other than 0: they train, rank 0 alone reports."""
+
+    run_id: str | None = None
+    uri = ""
+    reachable = True
+    resumed = False
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        return None
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        return None
+
+    def log_metrics(self, step: int, metrics: dict[str, float], timestamp_ms: int | None = None) -> None:
+        return None
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        return None
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        return True
+
+    def close(self, status: str = "FINISHED", timeout_s: float | None = None, spill_dir: Path | None = None) -> None:
+        return None

@@ -1,0 +1,113 @@
+"""``plan`` must reproduce the arithmetic in ../shared/spec/ERRATA.md and say plainly what fits."""
+
+from __future__ import annotations
+
+import pytest
+
+from x1_pretrain import plan as plan_cli
+from x1_pretrain.budget import planner as plan
+from x1_pretrain.core import config as C
+from x1_pretrain.core.errors import EXIT_USAGE, X1Error
+from x1_pretrain.model import flops
+
+from ..conftest import REPO
+
+LAB = REPO / "configs" / "x1-50m-a100.yaml"
+
+
+@pytest.fixture(scope="module")
+def cfg() -> C.Config:
+    return C.load(LAB)
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = plan_cli.main(["--config", str(LAB), *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_errata_1_throughput_in_the_honest_accounting(cfg):
+    p = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(hours=24))
+    assert p.fpt.honest == pytest.approx(6.09e8, rel=1e-3) and p.fpt.lab_6n == pytest.approx(3.02e8, rel=1e-3)
+    assert p.tokens_per_s == pytest.approx(246_000, rel=0.005)
+    assert p.tokens == pytest.approx(21e9, rel=0.02) and p.steps == pytest.approx(40_000, rel=0.02)
+    assert p.tokens_per_step == 524_288 and p.mfu(p.fpt.honest) == pytest.approx(0.48)
+    for gpu in ("h100", "h200"):
+        assert plan.make_plan(cfg, gpu, 3.0).tokens_per_s == pytest.approx(779_000, rel=0.005)
+
+
+def test_errata_2_the_labs_84000_steps_do_not_fit(cfg):
+    p = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(steps=84_000))
+    assert 49.0 <= p.hours < 50.0 and 54.0 <= p.compute_usd() < 55.0
+    assert p.total_usd() == pytest.approx(p.compute_usd() + 1 + 2 + 5)
+    assert not p.fits_time and not p.fits_cap
+    fits = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(hours=24))
+    assert fits.fits_time and fits.fits_cap and fits.total_usd() == pytest.approx(24 * 1.10 + 8, abs=0.01)
+
+
+def test_errata_5_chinchilla_prediction():
+    assert plan.chinchilla_loss(50_331_648, 43e9) == pytest.approx(3.10, abs=0.005)
+    assert plan.chinchilla_loss(88_929_024, 43e9) == pytest.approx(2.93, abs=0.005)
+    assert plan.CHINCHILLA == {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
+
+
+def test_lab_plan_output_says_it_does_not_fit_and_what_does(capsys):
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--total-steps", "84000")
+    assert code == 0
+    for text in ("50,331,648 non-embedding", "38,597,376 embedding", "88,929,024",
+                 "6.091e+08 honest", "3.020e+08 the lab's 6N figure", "245,882", "1,688.3",
+                 "84,000 steps = 44.04B tokens", "49.8 h", "$54.73", "storage egress", "persistent disk",
+                 "buffer (1 restart)", "$62.73", "$35.00",
+                 "verdict: DOES NOT FIT", "do not fit in 24 h", "do not fit in $35.00",
+                 "in 24 h: 40,520 steps = 21.24B tokens, $34.40", "--total-steps 40500",
+                 "MFU 0.31 on h100/h200/h800", "E 1.69, A 406.4, B 410.7, alpha 0.34, beta 0.28",
+                 "D = 44.04B tokens: 3.10", "2.93", "caveat", "SentencePiece"):
+        assert text in out, text
+
+
+def test_24_hours_fit_the_cap(capsys):
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24")
+    assert code == 0 and "verdict: FITS" in out and "40,520 steps = 21.24B tokens (24 h)" in out
+    assert "$34.40" in out and "D = 21.24B tokens: 3.20" in out
+
+
+def test_setup_hours_and_the_buffer(capsys):
+    # The lab's own table: 26 h at $1.10 + $8 = $36.60, within $35 only if the buffer is never used.
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24",
+                       "--setup-hours", "2")
+    assert code == 0 and "$28.60" in out and "$36.60" in out and "only if the $5.00 restart buffer" in out
+
+
+def test_measured_throughput_replaces_the_assumed_mfu(cfg, capsys):
+    p = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(tokens_per_s=300_000, steps=84_000))
+    assert p.measured and p.mfu(p.fpt.honest) == pytest.approx(300_000 * p.fpt.honest / 312e12)
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--tokens-per-s", "300000")
+    assert code == 0 and "300,000 tokens/s measured: MFU 0.586 honest (0.290 in the lab's 6N accounting)" in out
+    code, out, _ = run(capsys, "--rate-usd-per-hr", "1.10", "--tokens-per-s", "300000")
+    assert code == 0 and "peak unknown" in out
+
+
+def test_every_gpu_maps_to_a_peak_in_flops():
+    for name, (key, mem) in plan.GPUS.items():
+        assert plan.gpu_peak(name) == flops.PEAK_TFLOPS_BF16[key] and mem > 0
+    assert plan.gpu_peak("A100-80GB") == 312.0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--gpu", "b200", "--rate-usd-per-hr", "1.1"], "--gpu 'b200' is not in the table; choose one of a100-80gb"),
+    (["--gpu", "a100-80gb", "--rate-usd-per-hr", "0"], "--rate-usd-per-hr 0.0 must be positive"),
+    (["--gpu", "a100-80gb", "--rate-usd-per-hr", "1.1", "--mfu", "1.5"], "--mfu 1.5 must be in (0, 1]"),
+    (["--rate-usd-per-hr", "1.1"], "--gpu is needed"),
+])
+def test_usage_mistakes_exit_2_with_the_fix(capsys, args, message):
+    code, out, err = run(capsys, *args)
+    assert code == EXIT_USAGE and message in err and "Traceback" not in err and out == ""
+
+
+def test_a_bad_config_is_a_usage_error(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  n_layr: 8\n")
+    assert plan_cli.main(["--config", str(bad), "--gpu", "h100", "--rate-usd-per-hr", "2"]) == EXIT_USAGE
+    assert "did you mean model.n_layer" in capsys.readouterr().err
+    with pytest.raises(X1Error):
+        plan.gpu_peak("tpu-v5")

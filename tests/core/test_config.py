@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from x1_pretrain.core import config as C
+
+from ..conftest import REPO
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_lab_config_holds_the_labs_numbers():
+    cfg = C.load(REPO / "configs" / "x1-50m-a100.yaml")
+    m, o, t = cfg.model, cfg.optim, cfg.train
+    assert (m.n_layer, m.d_model, m.n_head, m.n_kv_head, m.d_ff, m.seq_len, m.vocab_size) == \
+        (8, 768, 12, 4, 2048, 1024, 50257)
+    assert (m.norm, m.activation, m.pos_enc, m.rope_base, m.init_std, m.tie_embeddings) == \
+        ("rmsnorm", "swiglu", "rope", 10000.0, 0.02, True)
+    assert (o.lr, o.min_lr, o.beta1, o.beta2, o.weight_decay, o.grad_clip, o.warmup_steps, o.schedule) == \
+        (3e-4, 3e-5, 0.9, 0.95, 0.1, 1.0, 1000, "cosine")
+    assert (t.batch_size, t.micro_batch_size, t.grad_accum_steps, t.seed) == (512, 32, 16, 42)
+    assert (t.precision, t.compile, t.compile_mode, t.attention) == ("bf16", True, "max-autotune", "flash")
+    assert cfg.tokens_per_step() == 524288
+    assert "decay_embedding" in (REPO / "configs" / "x1-50m-a100.yaml").read_text()
+
+
+def test_all_problems_are_reported_at_once_with_their_keys(tmp_path):
+    p = write(tmp_path, """
+model: {d_model: 100, n_head: 12, n_kv_head: 5, n_layr: 3}
+optim: {lr: fast}
+train: {batch_size: 512, micro_batch_size: 32, grad_accum_steps: 8, total_steps: 0, compile: "yes"}
+trian: {}
+""")
+    with pytest.raises(C.ConfigError) as e:
+        C.load(p)
+    msg = str(e.value)
+    for needle in ["model.n_layr: unknown key (did you mean model.n_layer?)", "optim.lr: expected a number",
+                   "train.compile: expected true or false", "trian: unknown section (did you mean train?)",
+                   "model.d_model: 100 is not divisible by model.n_head 12",
+                   "model.n_head: 12 is not divisible by model.n_kv_head 5",
+                   "train.total_steps: must be positive", "set grad_accum_steps to 16", str(p)]:
+        assert needle in msg, needle
+
+
+def test_yaml_style_numbers_and_overrides(tmp_path):
+    p = write(tmp_path, "optim: {lr: 3e-4}\ntrain: {total_steps: 10}\n")
+    cfg = C.load(p, {"train.total_steps": 20}, ["train.total_steps=30", "optim.lr=1e-3", "train.compile=false"])
+    assert cfg.optim.lr == 1e-3 and cfg.train.total_steps == 30 and cfg.train.compile is False
+    cfg2 = C.load(p, {"train.total_steps": 20})
+    assert cfg2.train.total_steps == 20 and cfg2.optim.lr == 3e-4
+
+
+def test_bad_set_and_bad_literal(tmp_path):
+    p = write(tmp_path, "{}")
+    with pytest.raises(C.ConfigError) as e:
+        C.load(p, sets=["nonsense", "train.precision=fp8"])
+    assert "expected section.key=value" in str(e.value)
+    with pytest.raises(C.ConfigError) as e:
+        C.load(p, sets=["train.precision=fp8"])
+    assert "train.precision: 'fp8' is not one of 'bf16', 'fp32'" in str(e.value)
+
+
+def test_unreadable_and_invalid_yaml(tmp_path):
+    with pytest.raises(C.ConfigError, match="cannot read"):
+        C.load(tmp_path / "missing.yaml")
+    with pytest.raises(C.ConfigError, match="not valid YAML"):
+        C.load(write(tmp_path, "model: [unclosed"))
+
+
+def test_hash_is_canonical_and_diff_names_keys(tmp_path):
+    a = C.load(write(tmp_path, "optim: {lr: 3.0e-4}"))
+    b = C.Config()
+    assert a.sha256() == b.sha256()
+    c = C.load(tmp_path / "c.yaml", sets=["optim.lr=1e-3"])
+    assert c.sha256() != a.sha256()
+    assert C.diff(a.to_dict(), c.to_dict()) == [("optim.lr", 3e-4, 1e-3)]
+
+
+def test_configs_are_frozen():
+    cfg = C.Config()
+    with pytest.raises(AttributeError):
+        cfg.train.total_steps = 3  # type: ignore[misc]
+
+
+def test_world_size_rule():
+    assert C.validate(C.Config(), world_size=2)
+    assert not C.validate(C.Config(train=C.TrainConfig(grad_accum_steps=8)), world_size=2)

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from x1_pretrain.core.config import ModelConfig
+from x1_pretrain.model.transformer import (
+    Transformer,
+    apply_rope,
+    attention_reference,
+    causal_attention,
+    flash_available,
+    hf_config,
+    rope_tables,
+    state_dict_for_saving,
+)
+
+SMALL = ModelConfig(n_layer=2, d_model=96, n_head=6, n_kv_head=2, d_ff=160, seq_len=48, vocab_size=1000)
+
+
+@pytest.mark.parametrize("kv", [1, 2, 6])
+def test_sdpa_path_matches_naive_reference(kv):
+    torch.manual_seed(0)
+    q = torch.randn(2, 40, 6, 16)
+    k = torch.randn(2, 40, kv, 16)
+    v = torch.randn(2, 40, kv, 16)
+    torch.testing.assert_close(causal_attention(q, k, v, use_flash=False), attention_reference(q, k, v),
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_flash_request_without_cuda_uses_sdpa_and_matches():
+    torch.manual_seed(1)
+    q, k, v = torch.randn(1, 8, 4, 8), torch.randn(1, 8, 2, 8), torch.randn(1, 8, 2, 8)
+    torch.testing.assert_close(causal_attention(q, k, v, use_flash=True), attention_reference(q, k, v),
+                               atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and flash_available()), reason="needs CUDA and flash-attn")
+def test_flash_path_matches_reference_on_gpu():
+    torch.manual_seed(2)
+    q = torch.randn(2, 64, 12, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 64, 4, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(2, 64, 4, 64, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(causal_attention(q, k, v, use_flash=True).float(),
+                               attention_reference(q, k, v).float(), atol=2e-2, rtol=2e-2)
+
+
+def test_attention_is_causal():
+    torch.manual_seed(3)
+    model = Transformer(SMALL).eval()
+    idx = torch.randint(0, 1000, (1, 20))
+    changed = idx.clone()
+    changed[0, 15:] = (changed[0, 15:] + 7) % 1000
+    with torch.no_grad():
+        a, b = model(idx), model(changed)
+    torch.testing.assert_close(a[:, :15], b[:, :15])
+    assert not torch.allclose(a[:, 15:], b[:, 15:])
+
+
+def test_rope_is_a_rotation_with_relative_positions():
+    cos, sin = rope_tables(16, 32, 10000.0)
+    x = torch.randn(1, 32, 2, 16)
+    y = apply_rope(x, cos, sin)
+    torch.testing.assert_close(y.norm(dim=-1), x.norm(dim=-1))
+    q = torch.randn(16)
+    k = torch.randn(16)
+    qs = apply_rope(q.expand(1, 32, 1, 16).contiguous(), cos, sin)[0, :, 0]
+    ks = apply_rope(k.expand(1, 32, 1, 16).contiguous(), cos, sin)[0, :, 0]
+    torch.testing.assert_close(qs[5] @ ks[2], qs[20] @ ks[17], atol=1e-4, rtol=1e-4)
+
+
+def test_tied_embedding_and_names_follow_llama():
+    model = Transformer(SMALL)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    names = set(state_dict_for_saving(model))
+    assert "lm_head.weight" not in names
+    for n in ["model.embed_tokens.weight", "model.norm.weight", "model.layers.1.self_attn.q_proj.weight",
+              "model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+              "model.layers.0.mlp.down_proj.weight", "model.layers.0.input_layernorm.weight",
+              "model.layers.0.post_attention_layernorm.weight"]:
+        assert n in names, n
+
+
+def test_init_std():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(n_layer=1, d_model=256, n_head=4, n_kv_head=2, d_ff=512, seq_len=8,
+                                    vocab_size=4000))
+    assert abs(model.model.embed_tokens.weight.std().item() - 0.02) < 1e-3
+    assert torch.all(model.model.norm.weight == 1)
+
+
+def test_loss_at_init_is_near_log_vocab():
+    torch.manual_seed(0)
+    model = Transformer(SMALL)
+    idx = torch.randint(0, 1000, (4, 48))
+    loss = model(idx, torch.randint(0, 1000, (4, 48))).item()
+    assert abs(loss - torch.log(torch.tensor(1000.0)).item()) < 0.3
+
+
+def test_same_logits_as_transformers_llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ours = Transformer(SMALL).eval()
+    for p in ours.parameters():  # non-trivial norm gains too
+        p.data.add_(0.01 * torch.randn_like(p))
+    cfg = {k: v for k, v in hf_config(SMALL).items() if k != "architectures"}
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
+    missing, unexpected = hf.load_state_dict(state_dict_for_saving(ours), strict=False)
+    assert unexpected == [] and set(missing) <= {"lm_head.weight"}
+    assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    idx = torch.randint(0, 1000, (2, 48))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(idx), hf(idx).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_too_long_sequence_is_refused():
+    with pytest.raises(ValueError, match=r"longer than model\.seq_len"):
+        Transformer(SMALL)(torch.zeros(1, 49, dtype=torch.long))

@@ -1,0 +1,217 @@
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from x1_pretrain.core import safetensors_io
+from x1_pretrain.core.config import ModelConfig
+from x1_pretrain.core.errors import X1Error
+from x1_pretrain.model.transformer import Transformer, state_dict_for_saving
+from x1_pretrain.training import checkpoint as ck
+
+from ..procs import losses, progress_step, run_info, start, train_cmd, wait_for
+
+SMALL = ModelConfig(n_layer=1, d_model=32, n_head=2, n_kv_head=1, d_ff=64, seq_len=16, vocab_size=300)
+
+
+def snapshot(step: int, model: torch.nn.Module) -> ck.Snapshot:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)).backward()
+    opt.step()
+    return ck.Snapshot(step, state_dict_for_saving(model), opt.state_dict(), {"step": step, "rng": ck.rng_state()})
+
+
+def test_write_verify_and_skip_damaged(tmp_path):
+    model = Transformer(SMALL)
+    for step in (10, 20, 30):
+        path, size = ck.write_step_dir(tmp_path, snapshot(step, model))
+        assert size > 0 and (path / "DONE").is_file()
+    assert ck.read_latest(tmp_path) == "step_0000030"
+    (tmp_path / "step_0000030" / "DONE").unlink()             # interrupted write
+    raw = bytearray((tmp_path / "step_0000020" / "model.safetensors").read_bytes())
+    raw[-1] ^= 0xFF                                             # bit rot
+    (tmp_path / "step_0000020" / "model.safetensors").write_bytes(bytes(raw))
+    warnings: list[str] = []
+    found = ck.find_latest_complete(tmp_path, warnings.append)
+    assert found is not None and found.step == 10
+    assert "step_0000030: no DONE marker" in warnings[0]
+    assert "step_0000020: model.safetensors fails its recorded sha256" in warnings[1]
+    assert ck.find_latest_complete(tmp_path / "none", warnings.append) is None
+
+
+def test_keep_last_k_plus_pinned(tmp_path):
+    model = Transformer(SMALL)
+    for step in range(1, 7):
+        ck.write_step_dir(tmp_path, snapshot(step, model))
+        if step == 2:
+            (tmp_path / "step_0000002" / "PIN").touch()
+    ck.prune(tmp_path, keep_last=3)
+    assert [p.name for _, p in ck.list_step_dirs(tmp_path)] == ["step_0000002", "step_0000004", "step_0000005",
+                                                                 "step_0000006"]
+
+
+def test_round_trip_is_byte_identical_and_loads_in_safetensors(tmp_path):
+    torch.manual_seed(0)
+    model = Transformer(SMALL)
+    path, _ = ck.write_step_dir(tmp_path, snapshot(5, model))
+    ck.write_final_files(tmp_path, path)
+    final = tmp_path / "final.safetensors"
+    again = Transformer(SMALL)
+    ck.load_model_state(again, safetensors_io.load(final), final)
+    safetensors_io.save(state_dict_for_saving(again), tmp_path / "resaved.safetensors", {"format": "pt"})
+    assert (tmp_path / "resaved.safetensors").read_bytes() == final.read_bytes()
+    from safetensors.torch import load_file
+
+    loaded = load_file(str(final))
+    assert "lm_head.weight" not in loaded and loaded["model.embed_tokens.weight"].dtype == torch.float32
+
+
+def test_optimizer_state_is_never_unpickled_beyond_weights(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("owned",))
+
+    torch.save({"state": Evil()}, tmp_path / "optimizer.pt")
+    with pytest.raises(X1Error, match="cannot be loaded safely"):
+        ck.load_optimizer(tmp_path / "optimizer.pt")
+
+
+def test_weights_that_do_not_fit_are_named(tmp_path):
+    with pytest.raises(X1Error, match="do not fit this model"):
+        ck.load_model_state(Transformer(SMALL), {"bogus": torch.zeros(1)}, tmp_path)
+
+
+def test_rng_round_trip():
+    import numpy as np
+
+    st = ck.rng_state()
+    a = (random.random(), np.random.rand(), torch.rand(1).item())
+    ck.restore_rng(json.loads(json.dumps(st)))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
+
+
+# --- real processes ---------------------------------------------------------------------------------
+def test_resume_after_sigkill_is_bitwise_identical(demo_data, tmp_path):
+    """Run A: 2N steps straight. Run B: SIGKILL at a random moment after its step-N checkpoint, then
+    resumed. Grad accumulation is 2 and an eval falls between. Every tensor and every overlapping
+    logged loss must be bitwise identical."""
+    n = 6
+    extra = ["--set", "checkpoint.async_save=false"]
+    a = tmp_path / "a"
+    r = subprocess.run(train_cmd(demo_data, a, 2 * n, *extra, ckpt_every=n, eval_every=4), capture_output=True)
+    assert r.returncode == 0, r.stdout[-2000:]
+    b = tmp_path / "b"
+    proc = start(train_cmd(demo_data, b, 2 * n, *extra, ckpt_every=n, eval_every=4), tmp_path / "b1.log")
+    wait_for(lambda: (b / "step_0000006" / "DONE").exists(), proc=proc)
+    kill_after = random.randint(0, 4)  # steps past the checkpoint
+    wait_for(lambda: progress_step(b) >= n + kill_after or proc.poll() is not None, proc=None)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (b / "final.safetensors").exists()
+    r = subprocess.run(train_cmd(demo_data, b, 2 * n, *extra, "--resume-from-latest", ckpt_every=n, eval_every=4),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:]
+    assert "resuming from" in r.stdout and "step_0000006" in r.stdout
+    fa, fb = safetensors_io.load(a / "final.safetensors"), safetensors_io.load(b / "final.safetensors")
+    assert fa.keys() == fb.keys()
+    for k in fa:
+        assert torch.equal(fa[k], fb[k]), k
+    assert (a / "final.safetensors").read_bytes() == (b / "final.safetensors").read_bytes()
+    la, lb = losses(a), losses(b)
+    assert set(la) == set(lb) == set(range(1, 2 * n + 1))
+    assert all(la[s] == lb[s] for s in la)
+    _, runs = run_info(b)
+    assert len(runs) == 1  # the resumed process continued the same MLflow run
+
+
+def test_sigkill_during_checkpoint_write_is_survived(demo_data, tmp_path):
+    ckpt = tmp_path / "c"
+    proc = start(train_cmd(demo_data, ckpt, 200, "--set", "checkpoint.async_save=false", ckpt_every=1),
+                 tmp_path / "log")
+    wait_for(lambda: (ckpt / "step_0000002").exists(), proc=proc)
+    wait_for(lambda: any(ckpt.glob(".step_*.tmp-*")), proc=proc, every=0.0005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    latest = ck.read_latest(ckpt)
+    state, problem = ck.verify(ckpt / latest)
+    assert problem is None and state is not None
+    complete = [p for _, p in ck.list_step_dirs(ckpt)]
+    assert all(ck.verify(p)[1] is None for p in complete)
+    r = subprocess.run(train_cmd(demo_data, ckpt, state["step"] + 2, "--resume-from-latest", "--allow-config-change",
+                                 ckpt_every=1), capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:]
+    assert not any(ckpt.glob(".step_*.tmp-*")), "stale temporary dirs are cleaned up"
+
+
+def test_sigterm_checkpoints_and_exits_75_then_resumes(demo_data, tmp_path):
+    ckpt = tmp_path / "c"
+    proc = start(train_cmd(demo_data, ckpt, 500), tmp_path / "log")
+    wait_for(lambda: progress_step(ckpt) >= 3, proc=proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 75
+    out = (tmp_path / "log").read_text()
+    assert "SIGTERM received: stopping after step" in out and "clean stop" in out
+    latest = ck.read_latest(ckpt)
+    state, problem = ck.verify(ckpt / latest)
+    assert problem is None and state["step"] >= 3
+    _, runs = run_info(ckpt)
+    assert runs[0].info.status == "KILLED"
+
+
+def test_sigusr1_writes_a_checkpoint_and_training_goes_on(demo_data, tmp_path):
+    ckpt = tmp_path / "c"
+    proc = start(train_cmd(demo_data, ckpt, 14), tmp_path / "log")
+    wait_for(lambda: progress_step(ckpt) >= 2, proc=proc)
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=120) == 0
+    out = (tmp_path / "log").read_text()
+    assert "(requested (SIGUSR1))" in out
+    assert (ckpt / "final.safetensors").exists()
+
+
+def test_second_sigint_aborts_at_once(demo_data, tmp_path):
+    ckpt = tmp_path / "c"
+    slow = ["--set", "train.batch_size=256", "--set", "train.micro_batch_size=64",
+            "--set", "train.grad_accum_steps=4"]  # steps of ~2 s, so both signals land inside one
+    proc = start(train_cmd(demo_data, ckpt, 50, *slow), tmp_path / "log")
+    wait_for(lambda: progress_step(ckpt) >= 1, proc=proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.4)  # two identical signals sent at once can merge into one delivery
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    assert "aborted by a second SIGINT" in (tmp_path / "log").read_text()
+    assert not ck.list_step_dirs(ckpt)
+
+
+def test_refuses_to_mix_runs_and_config_changes(demo_data, tmp_path):
+    ckpt = tmp_path / "c"
+    assert subprocess.run(train_cmd(demo_data, ckpt, 2), capture_output=True).returncode == 0
+    r = subprocess.run(train_cmd(demo_data, ckpt, 2), capture_output=True, text=True)
+    assert r.returncode == 2 and "already holds checkpoints" in r.stderr
+    r = subprocess.run(train_cmd(demo_data, ckpt, 2, "--resume-from-latest", "--set", "optim.lr=0.01"),
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "optim.lr: 0.003 -> 0.01" in r.stderr and "--allow-config-change" in r.stderr
+    other = tmp_path / "other-data"
+    shutil.copytree(demo_data, other)
+    meta = json.loads((other / "meta.json").read_text())
+    meta["sources"][0]["bytes"] += 1
+    (other / "meta.json").write_text(json.dumps(meta))
+    r = subprocess.run(train_cmd(other, ckpt, 2, "--resume-from-latest"), capture_output=True, text=True)
+    assert r.returncode == 2 and "describes other tokens" in r.stderr
+    r = subprocess.run(train_cmd(demo_data, ckpt, 3, "--resume-from-latest", "--allow-config-change"),
+                       capture_output=True, text=True)
+    assert r.returncode == 0
+    _client, runs = run_info(ckpt)
+    assert "train.total_steps: 2 -> 3" in runs[0].data.tags["config_changed_on_resume"]
+
+
+def test_resume_with_nothing_to_resume_starts_fresh(demo_data, tmp_path):
+    r = subprocess.run(train_cmd(demo_data, tmp_path / "c", 2, "--resume-from-latest"), capture_output=True, text=True)
+    assert r.returncode == 0 and "no complete checkpoint" in r.stdout and "starting fresh" in r.stdout

@@ -1,0 +1,107 @@
+"""Two CPU processes under torchrun (gloo) against one process with the same global batch."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from x1_pretrain.core import safetensors_io
+from x1_pretrain.training import checkpoint as ck
+from x1_pretrain.training.distributed import World
+
+from ..conftest import REPO
+from ..procs import losses, progress_step, start, train_cmd, wait_for
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+
+
+def ddp_cmd(data: Path, ckpt: Path, steps: int, *extra: str, **kw) -> list[str]:
+    single = train_cmd(data, ckpt, steps, *extra, **kw)
+    return [*TORCHRUN, *single[1:]]  # "-m x1_pretrain.train ..." after torchrun's own flags
+
+
+def test_chunks_are_shared_out_over_ranks():
+    assert World(0, 0, 2).chunks(3) == [0, 2, 4] and World(1, 1, 2).chunks(3) == [1, 3, 5]
+    assert World().chunks(4) == [0, 1, 2, 3]
+
+
+def test_two_ranks_match_one_process_and_resume_exactly(demo_data, tmp_path):
+    steps = 8
+    one = tmp_path / "one"
+    r = subprocess.run(train_cmd(demo_data, one, steps, ckpt_every=4), capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-2000:]
+    two = tmp_path / "two"
+    r = subprocess.run(ddp_cmd(demo_data, two, steps, ckpt_every=4), capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "global batch 16 = micro-batch 8 x grad accumulation 1 x 2 ranks" in r.stdout
+    l1, l2 = losses(one), losses(two)
+    assert set(l1) == set(l2) == set(range(1, steps + 1))
+    for s in l1:
+        assert abs(l1[s] - l2[s]) <= 1e-5 * abs(l1[s]), s
+    w1, w2 = safetensors_io.load(one / "final.safetensors"), safetensors_io.load(two / "final.safetensors")
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=1e-4)
+    assert [p.name for _, p in ck.list_step_dirs(two)] == ["step_0000004", "step_0000008"]  # rank 0 alone wrote
+
+    # the same job, interrupted after its step-4 checkpoint and resumed with the same world size
+    three = tmp_path / "three"
+    proc = start(ddp_cmd(demo_data, three, steps, "--set", "checkpoint.async_save=false", ckpt_every=4),
+                 tmp_path / "three.log")
+    wait_for(lambda: progress_step(three) >= 5, proc=proc, timeout=180)
+    proc.send_signal(signal.SIGTERM)  # to torchrun, which forwards it to both ranks
+    proc.wait(timeout=120)
+    status = json.loads((three / "exit_status.json").read_text())
+    assert status["exit_code"] == 75
+    stopped = ck.read_latest(three)
+    assert stopped is not None and int(stopped.split("_")[1]) >= 5
+    r = subprocess.run(ddp_cmd(demo_data, three, steps, "--resume-from-latest", ckpt_every=4), capture_output=True,
+                       text=True, cwd=REPO)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    w3 = safetensors_io.load(three / "final.safetensors")
+    assert all(torch.equal(w2[k], w3[k]) for k in w2)
+
+
+def test_the_watchdog_sees_the_trainers_code_through_torchrun(demo_data, tmp_path):
+    """torchrun exits 1 for any failing worker; rank 0's recorded code (here a usage error, 2) must stop
+    the watchdog instead of being relaunched."""
+    ckpt = tmp_path / "c"
+    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--max-restarts", "3", "--",
+           *ddp_cmd(demo_data, ckpt, 4, "--set", "optim.lr=1e30", "--set", "optim.min_lr=0")]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 5, (r.stdout + r.stderr)[-3000:]
+    assert "the trainer (rank 0) recorded exit 5 (diverged)" in r.stderr
+    assert "relaunching with --resume-from-latest" not in r.stderr
+
+
+def test_a_budget_stop_at_start_ends_every_rank(demo_data, tmp_path):
+    """Rank 0 alone reads the budget; its verdict before the first step must reach rank 1 (no hang)."""
+    from datetime import datetime, timezone
+
+    budget = tmp_path / "budget.json"
+    budget.write_text(json.dumps({"spent_usd": 36.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 30,
+                                  "projected_total_usd": 36.0,
+                                  "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
+    ckpt = tmp_path / "c"
+    r = subprocess.run(ddp_cmd(demo_data, ckpt, 5, "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget),
+                               "--expected-step-s", "0.1", "--force-launch"),
+                       capture_output=True, text=True, cwd=REPO, timeout=180)
+    assert r.returncode != 0
+    assert json.loads((ckpt / "exit_status.json").read_text())["exit_code"] == 4
+    assert ck.list_step_dirs(ckpt) == []
+
+
+def test_a_usage_error_under_torchrun_is_not_relaunched(demo_data, tmp_path):
+    """A fresh run with a config mistake: no checkpoint dir exists, so rank 0 reports its exit 2 through the
+    status file the watchdog owns ($X1_EXIT_STATUS)."""
+    ckpt = tmp_path / "fresh"
+    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--max-restarts", "3", "--",
+           *ddp_cmd(demo_data, ckpt, 4, "--set", "model.n_head=5", seed=False)]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 2, (r.stdout + r.stderr)[-3000:]
+    assert "relaunching with --resume-from-latest" not in r.stderr
+    assert not ckpt.exists()
