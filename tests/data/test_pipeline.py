@@ -270,3 +270,20 @@ def test_module_runs_as_documented(tmp_path, prose):
                         "--workers", "2"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert "train.bin" in r.stdout and "tokens" in r.stdout
+
+
+def test_progress_is_a_bar_on_a_terminal_and_plain_lines_in_a_log():
+    import io
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, log = Tty(), io.StringIO()
+    for stream in (tty, log):
+        r = TD._Reporter(1000, stream=stream, every_s=0.0)
+        r.update(500, 3, 1234)
+        r.update(1000, 6, 2468, force=True)
+    assert "\r" in tty.getvalue() and "2,468 tokens" in tty.getvalue() and "100%" in tty.getvalue()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 2 and lines[-1].startswith("[tokenize] 100.0%")
