@@ -166,7 +166,7 @@ def test_train_and_watchdog_flags_are_real(task, tmp_path):
     assert wd is not None and wd[2:4] == ["--log-file", f"{ws}/logs/watchdog.jsonl"] and wd[4] == "--"
     assert wd[5:8] == ["python", "-m", "x1_pretrain.train"]
     args = train.build_parser().parse_args(wd[8:])  # every flag exists and parses
-    assert (args.total_steps, args.ckpt_every, args.eval_every, args.log_every) == (40000, 1800, 1800, 10)
+    assert (args.total_steps, args.ckpt_every, args.eval_every, args.log_every) == (33766, 1800, 1800, 10)
     assert args.resume_from_latest and args.budget_cap_usd == 35.0
     assert args.budget_curr_cost_uri == f"{ws}/budget.json" and args.mlflow_uri == f"file://{ws}/mlruns"
     assert args.inject_spike_at_step == 12000 and args.expected_step_s == 2.1

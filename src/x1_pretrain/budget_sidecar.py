@@ -4,23 +4,26 @@
     python -m x1_pretrain.budget_sidecar --provider runpod --out budget.json --pod-id abc123
     python -m x1_pretrain.budget_sidecar --provider clock --rate-usd-per-hr 1.10 --out budget.json
 
-budget.json (written atomically): spent_usd, rate_usd_per_hr, hours_elapsed, projected_total_usd
-(= spent + rate × the hours left of --planned-hours), last_update_utc, plus provider, resource_id,
-started_utc and planned_hours.
+budget.json (written atomically): spent_usd (= compute so far + the fixed lines), rate_usd_per_hr,
+hours_elapsed, projected_total_usd (= spent + rate × the hours left of --planned-hours), last_update_utc,
+plus compute_usd, fixed_usd (--disk-usd, --egress-usd: the lab's $2 and $1), provider, resource_id,
+started_utc, started_from and planned_hours.
 
-  lambda  GET {base}/api/v1/instances; rate = price_cents_per_hour / 100; spent = rate × hours since start.
-  runpod  GraphQL {base}/graphql; rate = costPerHr; spent = rate × the pod's uptime (hours since start
-          when the pod reports none). The uptime restarts with the pod, so after a pod restart this
-          under-counts; --provider clock with the pod's rate counts from the recorded start instead.
-  clock   a fixed --rate-usd-per-hr from the start, no network.
+Spend is integrated, not multiplied: every poll adds rate × (time since the previous poll) to a total kept
+in OUT.state, so a price change never rewrites past hours and a pod restart never resets it; the interval
+is charged at the higher of the old and new rate. Counting starts when billing started: --started-utc, else
+the provider's uptime (RunPod), else this machine's boot time (a cloud VM: image pull, set-up and tokenizing
+are billed too), and budget.json says which (started_from). A restarted sidecar goes on from OUT.state.
 
-The start is --started-utc, else the time recorded in OUT.start on the first launch, so a restarted
-sidecar keeps counting from the same moment (delete OUT.start to begin a new run). Lambda's API does
-not say when an instance was launched: pass --started-utc to count the time before the sidecar started.
+  lambda  GET {base}/api/v1/instances; rate = price_cents_per_hour / 100.
+  runpod  GraphQL {base}/graphql; rate = the pod's costPerHr; the account's clientBalance is the real money:
+          its fall since the first poll is cross-checked against the integrated total and the higher is used.
+  clock   a fixed --rate-usd-per-hr, no network.
 
-When a poll fails (network, timeout, HTTP status, malformed answer, GraphQL errors) budget.json is left
-as it was, last_update_utc included, so the guard can see its age; one line goes to stderr and polling
-goes on. The API key is read from an environment variable and never printed or written.
+When a poll fails (network, a server that answers slowly or never: every request has a total deadline of
+--timeout-s, HTTP status, malformed answer, GraphQL errors) budget.json is left as it was, so the guard
+sees its age; one line goes to stderr and polling goes on. The API key is read from an environment
+variable and never printed or written.
 """
 
 from __future__ import annotations
@@ -29,46 +32,40 @@ import argparse
 import math
 import os
 import signal
-import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
-from .budget.sidecar import (
-    DEFAULT_BASE_URL,
-    DEFAULT_KEY_ENV,
-    PROVIDERS,
-    ApiSource,
-    ClockSource,
-    Sidecar,
-    format_utc,
-    resolve_start,
-    utc_now,
-)
+from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, PROVIDERS, ApiSource, ClockSource
+from .budget.sidecar import BudgetAsk, FixedLines, Sidecar, load_state
+from .core.cli import guarded
 from .core.errors import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m x1_pretrain.budget_sidecar", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--provider", required=True, choices=PROVIDERS)
     p.add_argument("--out", type=Path, default=Path("budget.json"), help="budget.json to keep up to date")
     p.add_argument("--interval-min", type=float, default=5.0, help="minutes between polls (fractions allowed)")
     p.add_argument("--rate-usd-per-hr", type=float, default=None, help="hourly rate (required for clock)")
-    p.add_argument("--started-utc", default=None, help="when spending started (default: recorded in OUT.start)")
+    p.add_argument("--started-utc", default=None,
+                   help="when billing started (ISO time, or 'now'); default: the provider's uptime, else boot time")
     p.add_argument("--planned-hours", type=float, default=24.0, help="run length for projected_total_usd")
+    p.add_argument("--disk-usd", type=float, default=2.0, help="the persistent disk line (default: the lab's $2)")
+    p.add_argument("--egress-usd", type=float, default=1.0, help="the data egress line (default: the lab's $1)")
     p.add_argument("--base-url", default=None, help="provider API base URL (default: the provider's)")
     p.add_argument("--api-key-env", default=None, help="env var holding the API key "
                    "(default: LAMBDA_API_KEY / RUNPOD_API_KEY)")
     p.add_argument("--instance-id", default=None, help="Lambda instance to follow (default: the only running one)")
     p.add_argument("--pod-id", default=None, help="RunPod pod to follow (default: the only running one)")
     p.add_argument("--once", action="store_true", help="poll once; exit 0 if budget.json was updated, else 1")
-    p.add_argument("--timeout-s", type=float, default=20.0, help="HTTP timeout in seconds")
+    p.add_argument("--timeout-s", type=float, default=20.0, help="total deadline of each HTTP request, seconds")
     return p
 
 
-def _source(args: argparse.Namespace, environ: Mapping[str, str]) -> ApiSource | ClockSource:
+def make_source(args: argparse.Namespace, environ: Mapping[str, str]) -> ApiSource | ClockSource:
     if args.provider == "clock":
         if args.rate_usd_per_hr is None:
             raise X1Error("--provider clock needs --rate-usd-per-hr R (the instance's price in USD per hour)")
@@ -93,6 +90,9 @@ def _check(args: argparse.Namespace) -> None:
                         ("--planned-hours", args.planned_hours), ("--rate-usd-per-hr", args.rate_usd_per_hr)):
         if value is not None and not (math.isfinite(value) and value > 0):
             problems.append(f"{flag} must be a positive number, got {value}")
+    for flag, value in (("--disk-usd", args.disk_usd), ("--egress-usd", args.egress_usd)):
+        if not (math.isfinite(value) and value >= 0):
+            problems.append(f"{flag} must be a non-negative number, got {value}")
     if not args.out.parent.is_dir():
         problems.append(f"--out {args.out}: directory {args.out.parent} does not exist; create it first")
     if problems:
@@ -101,16 +101,17 @@ def _check(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as e:  # argparse has printed the usage error (or --help)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     stop = threading.Event()
-    try:
+
+    def body() -> int:
         _check(args)
-        source = _source(args, os.environ)
-        started, origin = resolve_start(args.out, args.started_utc, utc_now())
-        sidecar = Sidecar(source, args.out, started, args.planned_hours)
-        sidecar._say(f"{args.provider}: counting from {format_utc(started)} ({origin}); writing {args.out}")
+        ask = BudgetAsk(args.provider, args.planned_hours, FixedLines(args.disk_usd, args.egress_usd),
+                        args.started_utc)
+        sidecar = Sidecar(make_source(args, os.environ), args.out, ask, load_state(args.out))
+        sidecar._say(f"{args.provider}: writing {args.out} (state in {args.out}.state)")
         if args.once:
             return EXIT_OK if sidecar.poll() else EXIT_UNEXPECTED
 
@@ -123,9 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for s, handler in old.items():
                 signal.signal(s, handler)
-    except X1Error as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+
+    return guarded(body)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Will the run fit? Time, tokens and dollars for a config on a GPU, before any money is spent.
 
     python -m x1_pretrain.plan --config configs/x1-50m-a100.yaml --gpu a100-80gb --rate-usd-per-hr 1.10 \\
-        [--hours 24 | --total-steps N] [--mfu 0.48 | --tokens-per-s MEASURED]
+        [--hours 24 | --total-steps N] [--mfu 0.40 | --tokens-per-s MEASURED] [--reserve-min 10]
 
 Throughput comes from the honest FLOPs per token (6N + tied LM head + attention; see ERRATA 1) at an
-assumed MFU, or from a measured tokens/s. Cost uses the lab's lines: compute (hours x rate), storage egress
+assumed MFU (default 0.40; the lab assumes 0.48), or a measured tokens/s (bench/gpu_check.sh). Cost: compute
+(set-up + training hours x rate), a reserve for the final checkpoint, export and shutdown, storage egress
 $1, persistent disk $2, a $5 buffer for one restart, against the $35 cap. The predicted loss is Hoffmann
 et al. (2022)'s fit, shown with its constants and the caveat that it was fitted on another tokenizer and corpus.
 """
@@ -14,8 +15,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .budget.money import DEFAULT_MFU, DEFAULT_RESERVE_MIN, Lines
 from .budget.plan_text import render
-from .budget.planner import GPUS, Ask, Lines, make_plan
+from .budget.planner import GPUS, Ask, make_plan
 from .core import config as C
 from .core.cli import guarded
 
@@ -30,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--hours", type=float, help="plan this many hours of training")
     size.add_argument("--total-steps", type=int, help="plan this many optimizer steps (default: the config's)")
     speed = p.add_mutually_exclusive_group()
-    speed.add_argument("--mfu", type=float, default=0.48, help="assumed MFU, honest accounting (default 0.48)")
+    speed.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                       help=f"assumed MFU, honest accounting (default {DEFAULT_MFU}; the lab assumes 0.48)")
     speed.add_argument("--tokens-per-s", type=float, help="a measured throughput instead of an assumed MFU")
     p.add_argument("--num-gpus", type=int, default=1, help="GPUs in the instance (the rate is for all of them)")
     p.add_argument("--peak-tflops", type=float, help="bf16 peak per GPU, for a GPU not in the table")
@@ -40,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--egress-usd", type=float, default=1.0, help="storage egress line (default $1)")
     p.add_argument("--disk-usd", type=float, default=2.0, help="persistent disk line (default $2)")
     p.add_argument("--buffer-usd", type=float, default=5.0, help="buffer for one restart (default $5)")
+    p.add_argument("--reserve-min", type=float, default=DEFAULT_RESERVE_MIN,
+                   help=f"final checkpoint, export and shutdown after the last step (default {DEFAULT_RESERVE_MIN:g})")
     return p
 
 
@@ -51,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         ask = Ask(hours=args.hours, steps=args.total_steps, mfu=args.mfu, tokens_per_s=args.tokens_per_s,
                   n_gpus=args.num_gpus, cap_usd=args.budget_cap_usd, max_hours=args.max_hours,
                   setup_hours=args.setup_hours, peak_tflops=args.peak_tflops,
-                  lines=Lines(args.egress_usd, args.disk_usd, args.buffer_usd))
+                  lines=Lines(args.egress_usd, args.disk_usd, args.buffer_usd), reserve_min=args.reserve_min)
         plan = make_plan(cfg, args.gpu, args.rate_usd_per_hr, ask)
         source = ("--total-steps" if args.total_steps else f"{args.hours:g} h" if args.hours
                   else "train.total_steps in the config")

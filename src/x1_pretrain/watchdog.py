@@ -1,25 +1,41 @@
-"""Relaunch the trainer after preemption or a crash, never after a decision to stop.
+"""Relaunch the trainer after preemption or a crash, never after a decision to stop; keep the budget cap
+even when the trainer cannot; end the bill when the run is over.
 
     python -m x1_pretrain.watchdog [--max-restarts 20] [--backoff-s 5] -- python -m x1_pretrain.train ...
 
 Relaunches on exit 75 (interrupted after a clean checkpoint), 1 (unexpected failure) or death by a
 signal, adding ``--resume-from-latest`` when the command lacks it, after a backoff that doubles per
 consecutive failure (capped at ``--max-backoff-s``). Never relaunches after 0 (finished), 2 (bad usage),
-3 or 4 (budget stops), 5 (diverged), 6 (throughput floor) or 130 (aborted by a second Ctrl-C).
-SIGTERM/SIGINT sent to the watchdog are forwarded to the trainer, which checkpoints and exits 75; the
-watchdog then exits 75 without relaunching. Each restart is logged with its reason, exit code,
-downtime, steps lost since the last checkpoint and relaunch latency (exit → new trainer's first step,
-excluding that step, i.e. excluding compilation); the trainer records the restart count in MLflow.
+3 or 4 (budget stops), 5 (diverged), 6 (throughput floor) or 130 (aborted by a second Ctrl-C), nor when
+two consecutive starts ended at the same step with no progress (a crash loop: it exits with the trainer's
+code). SIGTERM/SIGINT/SIGHUP (a closed terminal) sent to the watchdog reach the trainer as SIGTERM/SIGINT,
+which checkpoints and exits 75; the watchdog then exits without relaunching, and a trainer whose watchdog
+is gone stops the same way (no orphan). Each restart is logged with its reason, exit code, downtime,
+steps lost since the last checkpoint and relaunch latency (exit → new trainer's first step).
+
+Budget, second line: with a cap (``--budget-cap-usd`` and ``--budget-curr-cost-uri``, taken from the train
+command unless given here) the watchdog reads the budget source and the trainer's cost ledger itself
+every ``--budget-poll-s``; when the spend is above the cap it ends the trainer's process group (SIGTERM,
+then SIGKILL after ``--budget-kill-grace-s``), alerts, and exits 4, even if the trainer is stopped or hung.
+
+``--terminate-on-exit lambda|runpod --export-to DIR``: after the trainer ends for good (exit 0, 3 or 4),
+export the run to DIR (export_run) and terminate the instance through the provider's API (the key in
+LAMBDA_API_KEY / RUNPOD_API_KEY); the answer is logged and alerted. A failed export after exit 0 or 3
+leaves the instance running and says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from .core.errors import EXIT_USAGE
-from .training.watchdog import Watchdog
+from .budget import alerts
+from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, ApiSource
+from .budget.terminate import EndOfBill
+from .core.errors import EXIT_USAGE, X1Error
+from .training.watchdog import BudgetLine, Watchdog, WatchdogOptions, ckpt_dir_of, flag_of
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +46,47 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--backoff-s", type=float, default=5.0, help="wait before a relaunch (doubles per crash)")
     ap.add_argument("--max-backoff-s", type=float, default=60.0, help="the longest wait (default 60)")
     ap.add_argument("--log-file", type=Path, default=None, help="append one JSON line per event here")
+    b = ap.add_argument_group("budget, second line")
+    b.add_argument("--budget-cap-usd", type=float, help="default: the train command's --budget-cap-usd")
+    b.add_argument("--budget-curr-cost-uri", help="default: the train command's --budget-curr-cost-uri")
+    b.add_argument("--budget-poll-s", type=float, default=60.0, help="seconds between the watchdog's reads (60)")
+    b.add_argument("--budget-kill-grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL, seconds (10)")
+    e = ap.add_argument_group("ending the bill")
+    e.add_argument("--terminate-on-exit", choices=("lambda", "runpod"), help="terminate the instance at the end")
+    e.add_argument("--export-to", type=Path, help="export_run --output before terminating (required with it)")
+    e.add_argument("--instance-id", help="Lambda instance (default: the only running one)")
+    e.add_argument("--pod-id", help="RunPod pod (default: $RUNPOD_POD_ID, else the only running one)")
+    e.add_argument("--api-key-env", help="env var holding the provider's API key")
+    e.add_argument("--provider-base-url", help="provider API base URL (default: the provider's)")
     return ap
+
+
+def options(args: argparse.Namespace, cmd: list[str]) -> WatchdogOptions:
+    cap = args.budget_cap_usd if args.budget_cap_usd is not None else flag_of(cmd, "--budget-cap-usd")
+    source = args.budget_curr_cost_uri or flag_of(cmd, "--budget-curr-cost-uri")
+    line = None
+    if cap is not None and source:
+        try:
+            line = BudgetLine(source, float(cap), args.budget_poll_s, args.budget_kill_grace_s)
+        except ValueError:
+            raise X1Error(f"--budget-cap-usd {cap!r} is not a number") from None
+        if line.poll_s <= 0 or line.kill_grace_s < 0:
+            raise X1Error("--budget-poll-s must be positive and --budget-kill-grace-s >= 0")
+    end = None
+    if args.terminate_on_exit:
+        provider = args.terminate_on_exit
+        if args.export_to is None:
+            raise X1Error("--terminate-on-exit needs --export-to DIR: the run is exported before the instance goes")
+        key_env = args.api_key_env or DEFAULT_KEY_ENV[provider]
+        key = os.environ.get(key_env, "").strip()
+        if not key:
+            raise X1Error(f"--terminate-on-exit {provider}: environment variable {key_env} is not set")
+        rid = args.instance_id if provider == "lambda" else (args.pod_id or os.environ.get("RUNPOD_POD_ID"))
+        api = ApiSource(provider, args.provider_base_url or DEFAULT_BASE_URL[provider], key, key_env, 20.0, rid)
+        uri = flag_of(cmd, "--mlflow-uri") or f"sqlite:///{ckpt_dir_of(cmd).resolve()}/mlflow.db"
+        end = EndOfBill(api, args.export_to, uri)
+    return WatchdogOptions(args.max_restarts, args.backoff_s, args.max_backoff_s, args.log_file, line, end,
+                           alerts.from_env())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,12 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         print("error: put the train command after --", file=sys.stderr)
         return EXIT_USAGE
     cut = argv.index("--")
-    args = parser.parse_args(argv[:cut])
-    cmd = argv[cut + 1:]
+    args, cmd = parser.parse_args(argv[:cut]), argv[cut + 1:]
     if not cmd:
         print("error: no train command after --", file=sys.stderr)
         return EXIT_USAGE
-    wd = Watchdog(cmd, args.max_restarts, args.backoff_s, args.max_backoff_s, args.log_file)
+    try:
+        wd = Watchdog(cmd, options(args, cmd))
+    except X1Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     try:
         return wd.run()
     finally:

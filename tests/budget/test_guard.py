@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from x1_pretrain.budget.guard import Action, Limits, Memory, Progress, Reading, decide, parse, read_source
+from x1_pretrain.budget.guard import Action, Limits, Memory, Progress, Reading, decide, parse
+from x1_pretrain.budget.ledger import memory_from_json, memory_to_json
+from x1_pretrain.budget.money import DEFAULT_RESERVE_MIN, Lines
+from x1_pretrain.budget.source import read_source
 
 NOW = datetime(2026, 5, 23, 15, 42, 1, tzinfo=timezone.utc)
 LIMITS = Limits(cap_usd=35.0, alert_usd=30.0, sidecar_interval_min=5, stale_after_intervals=3, unknown_grace_min=60)
@@ -37,21 +41,24 @@ SLOW = Progress(steps_done=1000, total_steps=2000, steps_per_hour=None)
 def test_rules(name, reading, progress, action, spent):
     decision, _ = decide(reading, LIMITS, NOW, progress, Memory())
     assert decision.action == action, name
-    assert decision.spent_usd == pytest.approx(spent)
+    # every reading is aged: a minute old at its rate
+    assert decision.spent_usd == pytest.approx(spent + reading.snapshot.rate_usd_per_hr / 60)
 
 
 def test_larger_projection_wins_and_both_are_reported():
     d, _ = decide(snap(spent=20.0, projected=30.0), LIMITS, NOW, Progress(1000, 2000, 500.0), Memory())
-    assert d.own_projection_usd == pytest.approx(20.0 + 1.10 * 2)
-    assert d.file_projection_usd == pytest.approx(30.0)
-    assert d.projected_usd == pytest.approx(30.0)
+    spent = 20.0 + 1.10 / 60
+    # the planner's terms: spend + 2 h + the reserve at the rate + the fixed lines the reading does not carry
+    assert d.own_projection_usd == pytest.approx(spent + 1.10 * (2 + DEFAULT_RESERVE_MIN / 60) + Lines().fixed)
+    assert d.file_projection_usd == pytest.approx(30.0 + 1.10 / 60)
+    assert d.projected_usd == pytest.approx(30.0 + 1.10 / 60)
 
 
 def test_alert_fires_once_per_crossing():
     mem = Memory()
     d1, mem = decide(snap(spent=30.5, projected=33), LIMITS, NOW, SLOW, mem)
     d2, mem = decide(snap(spent=31.0, projected=33), LIMITS, NOW, SLOW, mem)
-    assert d1.action == Action.ALERT and len(d1.alerts) == 1 and "30.50" in d1.alerts[0]
+    assert d1.action == Action.ALERT and len(d1.alerts) == 1 and "30.52" in d1.alerts[0]
     assert d2.action == Action.CONTINUE and d2.alerts == ()
 
 
@@ -125,3 +132,87 @@ def test_read_source_variants(tmp_path):
     r = read_source(str(p))
     assert r.problem is None and r.snapshot.rate_usd_per_hr == 1.1
     assert r.snapshot.last_update_utc == datetime(2026, 5, 23, 15, 42, 1, tzinfo=timezone.utc)
+
+
+# --- the ledger's rules: spend never decreases, readings are aged, faults are flagged ----------------------
+def _at(minutes: float):
+    return NOW + timedelta(minutes=minutes)
+
+
+def snap_at(minutes: float, spent: float, rate: float = 1.10, projected: float | None = None, **extra):
+    t = _at(minutes).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return parse({"spent_usd": spent, "rate_usd_per_hr": rate, "hours_elapsed": 1.0,
+                  "projected_total_usd": spent if projected is None else projected, "last_update_utc": t, **extra})
+
+
+def test_a_falling_reading_is_a_warning_and_an_alert_never_a_lower_spend():
+    _, mem = decide(snap_at(0, 34.0), LIMITS, _at(0), SLOW, Memory())
+    d2, mem = decide(snap_at(5, 2.0), LIMITS, _at(5), SLOW, mem)      # a sidecar restarted from zero
+    assert d2.spent_usd == pytest.approx(34.0 + 1.10 * 5 / 60)       # the ledger's spend, aged
+    assert d2.action == Action.ALERT and "below" in d2.alerts[0] and any("keeping" in w for w in d2.warnings)
+    d3, mem = decide(snap_at(10, 2.1), LIMITS, _at(10), SLOW, mem)
+    assert d3.alerts == () and d3.spent_usd == pytest.approx(34.0 + 1.10 * 10 / 60)  # alerted once, still kept
+
+
+def test_a_price_change_never_rewrites_the_past():
+    # 20 h at $1.40, then the sidecar's old arithmetic (today's rate x all hours) says $15.80
+    _, mem = decide(snap_at(0, 28.0, rate=1.40), LIMITS, _at(0), SLOW, Memory())
+    d, mem = decide(snap_at(5, 15.80, rate=0.79), LIMITS, _at(5), SLOW, mem)
+    assert d.spent_usd == pytest.approx(28.0 + 1.40 * 5 / 60)
+    # from now on the spend ages at the new rate
+    d2, _ = decide(Reading(None, "budget.json does not exist"), LIMITS, _at(65), SLOW, mem)
+    assert d2.spent_usd == pytest.approx(d.spent_usd + 0.79)
+
+
+def test_a_rate_of_zero_is_flagged_and_never_ages_the_spend():
+    _, mem = decide(snap_at(0, 10.0, rate=1.10), LIMITS, _at(0), SLOW, Memory())
+    d, mem = decide(snap_at(30, 10.5, rate=0.0), LIMITS, _at(60), SLOW, mem)
+    assert any("rate_usd_per_hr is 0" in a for a in d.alerts)
+    # aged at the last trusted rate (1.10) for its 30 min age, and never below the ledger's 10 + 1.10 x 1 h
+    assert d.spent_usd == pytest.approx(max(10.5 + 1.10 * 0.5, 10.0 + 1.10))
+
+
+def test_a_rate_far_from_the_launch_rate_and_an_impossible_jump_are_flagged():
+    _, mem = decide(snap_at(0, 5.0, rate=1.10), LIMITS, _at(0), SLOW, Memory())
+    d, mem = decide(snap_at(5, 5.1, rate=3.50), LIMITS, _at(5), SLOW, mem)
+    assert any("far from the launch rate $1.10/h" in a for a in d.alerts)
+    d2, _ = decide(snap_at(10, 20.0, rate=1.10), LIMITS, _at(10), SLOW, mem)  # +$15 in 5 min
+    assert any("jumped by $14.90" in a for a in d2.alerts) and d2.spent_usd == pytest.approx(20.0)
+
+
+def test_spend_is_non_decreasing_over_any_sequence_of_readings():
+    readings = [snap_at(0, 3.0), snap_at(5, 3.1), Reading(None, "timeout"), snap_at(15, 1.0), snap_at(20, 3.4),
+                snap_at(25, 3.45, rate=0.0), snap_at(-30, 2.0), snap_at(40, 3.9)]
+    mem, seen = Memory(), []
+    for i, r in enumerate(readings):
+        d, mem = decide(r, LIMITS, _at(5 * i), SLOW, mem)
+        seen.append(d.spent_usd)
+    assert all(b >= a for a, b in itertools.pairwise(seen))
+
+
+def test_the_unknown_grace_is_counted_across_processes_through_the_ledger():
+    # Four restarts, each with a fresh process whose memory comes from the ledger's JSON: the grace (60 min)
+    # starts at the first check without a reading, not at each process's start.
+    missing = Reading(None, "budget.json does not exist")
+    mem, actions = Memory(), []
+    for minutes in (0, 20, 40, 61):
+        d, mem = decide(missing, LIMITS, _at(minutes), SLOW, mem)
+        mem = memory_from_json(memory_to_json(mem))   # what the next process reads back
+        actions.append(d.action)
+    assert actions[-1] == Action.CHECKPOINT_AND_EXIT and Action.CHECKPOINT_AND_EXIT not in actions[:-1]
+    assert "alert" in {a.value for a in actions[:1]}
+
+
+def test_the_memory_round_trips_through_json_exactly():
+    _, mem = decide(snap_at(0, 31.0, rate=1.2, fixed_usd={"disk_usd": 2.0, "egress_usd": 1.0}), LIMITS, _at(0),
+                    SLOW, Memory())
+    back = memory_from_json(json.loads(json.dumps(memory_to_json(mem))))
+    assert back == mem and back.last_good.fixed_usd == 3.0 and "alert_line" in back.alerted
+
+
+def test_fixed_lines_are_added_to_projections_only_when_the_reading_lacks_them():
+    prog = Progress(1000, 2000, 500.0)
+    old, _ = decide(snap(spent=20.0, projected=20.0), LIMITS, NOW, prog, Memory())
+    new, _ = decide(snap(spent=23.0, projected=23.0, fixed_usd={"disk_usd": 2.0, "egress_usd": 1.0}), LIMITS, NOW,
+                    prog, Memory())
+    assert new.own_projection_usd == pytest.approx(old.own_projection_usd)

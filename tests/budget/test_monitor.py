@@ -4,6 +4,7 @@ trains, and alerts go to a real HTTP server standing in for Slack."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from datetime import datetime, timezone
@@ -13,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from x1_pretrain import train
-from x1_pretrain.budget.gate import Plan, gate_problems, steps_that_fit
+from x1_pretrain.budget.gate import Plan, fitting_steps, gate_problems
 from x1_pretrain.budget.guard import Limits, parse
 from x1_pretrain.training import checkpoint as ck
 
 from ..conftest import FAST, TINY
+from ..procs import train_cmd
 
 
 class Webhook:
@@ -57,10 +59,11 @@ def webhook(monkeypatch):
 
 
 def write_budget(path: Path, spent: float, projected: float, rate: float = 1.10, when: datetime | None = None):
+    """A budget.json as the sidecar writes it; spent_usd is the whole bill (fixed_usd says what it carries)."""
     when = when or datetime.now(timezone.utc)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": rate, "hours_elapsed": spent / rate,
-                               "projected_total_usd": projected,
+                               "projected_total_usd": projected, "fixed_usd": {"disk_usd": 0.0, "egress_usd": 0.0},
                                "last_update_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ")}))
     tmp.replace(path)
 
@@ -104,7 +107,7 @@ def run_trainer(demo_data, tmp_path, spend, projected, steps=40, extra=()):
 
 
 def test_alerts_once_past_the_alert_line_and_carries_on(demo_data, tmp_path, webhook, capsys):
-    code, ckpt = run_trainer(demo_data, tmp_path, spend=lambda s: 25.0 + 0.5 * s, projected=lambda s: 34.0, steps=20)
+    code, ckpt = run_trainer(demo_data, tmp_path, spend=lambda s: 25.0 + 0.4 * s, projected=lambda s: 34.0, steps=20)
     assert code == 0
     budget_alerts = [p for p in webhook.posts if "alert line" in p["text"]]
     assert len(budget_alerts) == 1, webhook.posts
@@ -129,11 +132,22 @@ def test_projection_over_the_cap_checkpoints_and_exits_3(demo_data, tmp_path, we
 
 
 def test_spend_over_the_cap_exits_4_without_a_checkpoint(demo_data, tmp_path, webhook):
-    # The bill jumps past the cap between two checks (e.g. a billing catch-up): exit at once.
-    code, ckpt = run_trainer(demo_data, tmp_path, spend=lambda s: 30.0 if s < 6 else 36.0, projected=lambda s: 34.9,
-                             steps=40)
-    assert code == 4
+    # The bill jumps past the cap between two checks (e.g. a billing catch-up): the watcher thread ends the
+    # process at once (os._exit, so this runs as a real process), after the alert and the exit status.
+    ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
+    sidecar = SpendingSidecar(budget, ckpt, lambda s: 30.0 if s < 6 else 36.0, lambda s: 34.9)
+    try:
+        r = subprocess.run(train_cmd(demo_data, ckpt, 400, "--budget-cap-usd", "35.0", "--budget-curr-cost-uri",
+                                     str(budget), "--budget-check-every-min", "0.002", "--expected-step-s", "0.5",
+                                     "--force-launch"),
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        sidecar.close()
+    assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-2000:]
     assert ck.list_step_dirs(ckpt) == [] and ck.read_latest(ckpt) is None
+    assert ck.read_exit_status(ckpt)["exit_code"] == 4
+    stop = [p["text"] for p in webhook.posts if "budget stop (exit 4)" in p["text"]]
+    assert len(stop) == 1 and "TERMINATE the instance" in stop[0] and "Reason: budget: spent $36" in stop[0]
 
 
 def test_launch_gate_refuses_expensive_rates_and_plans(demo_data, tmp_path, webhook, capsys):
@@ -156,11 +170,15 @@ def test_gate_arithmetic_matches_the_errata():
     snap = parse({"spent_usd": 0.0, "rate_usd_per_hr": 1.10, "hours_elapsed": 0, "projected_total_usd": 0,
                   "last_update_utc": "2026-05-23T15:42:01Z"})
     step_s = 524288 * 609_071_616 / (312e12 * 0.48)
-    plan = Plan(84000, 0, step_s, final_checkpoint_s=0)
-    (problem,) = gate_problems(snap, plan, Limits(35.0, 30.0), 1.40)
-    assert "$54." in problem or "$55." in problem
-    fit = steps_that_fit(snap.snapshot, plan, 35.0)
-    assert 53_000 < fit < 54_500
+    plan = Plan(84000, 0, step_s)
+    limits = Limits(35.0, 30.0)
+    (problem,) = gate_problems(snap, plan, limits, 1.40)
+    compute = 84000 * step_s / 3600 * 1.10
+    assert 54.5 < compute < 55.0                         # ERRATA 2: ~$54 of compute alone
+    total = compute + 1.10 * 10 / 60 + 3.0 + 5.0         # + reserve, egress and disk, buffer
+    assert f"${total:.2f}" in problem and "--fit-to-budget" in problem
+    fit = fitting_steps(snap.snapshot, plan, limits)
+    assert fit == int((35 - 5 - 3 - 1.10 * 10 / 60) / 1.10 * 3600 / step_s)   # plan prints the same (test_planner)
 
 
 def test_dry_run_reports_every_part(demo_data, tmp_path, webhook, capsys):

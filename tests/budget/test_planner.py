@@ -27,22 +27,23 @@ def run(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def test_errata_1_throughput_in_the_honest_accounting(cfg):
-    p = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(hours=24))
+    p = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(hours=24, mfu=0.48))   # the lab's (and ERRATA's) MFU
     assert p.fpt.honest == pytest.approx(6.09e8, rel=1e-3) and p.fpt.lab_6n == pytest.approx(3.02e8, rel=1e-3)
     assert p.tokens_per_s == pytest.approx(246_000, rel=0.005)
     assert p.tokens == pytest.approx(21e9, rel=0.02) and p.steps == pytest.approx(40_000, rel=0.02)
     assert p.tokens_per_step == 524_288 and p.mfu(p.fpt.honest) == pytest.approx(0.48)
     for gpu in ("h100", "h200"):
-        assert plan.make_plan(cfg, gpu, 3.0).tokens_per_s == pytest.approx(779_000, rel=0.005)
+        assert plan.make_plan(cfg, gpu, 3.0, plan.Ask(mfu=0.48)).tokens_per_s == pytest.approx(779_000, rel=0.005)
 
 
 def test_errata_2_the_labs_84000_steps_do_not_fit(cfg):
-    p = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(steps=84_000))
+    p = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(steps=84_000, mfu=0.48))
     assert 49.0 <= p.hours < 50.0 and 54.0 <= p.compute_usd() < 55.0
-    assert p.total_usd() == pytest.approx(p.compute_usd() + 1 + 2 + 5)
+    reserve = 1.10 * 10 / 60   # the final checkpoint, export and shutdown
+    assert p.total_usd() == pytest.approx(p.compute_usd() + reserve + 1 + 2 + 5)
     assert not p.fits_time and not p.fits_cap
-    fits = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(hours=24))
-    assert fits.fits_time and fits.fits_cap and fits.total_usd() == pytest.approx(24 * 1.10 + 8, abs=0.01)
+    fits = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(hours=24, mfu=0.48))
+    assert fits.fits_time and fits.fits_cap and fits.total_usd() == pytest.approx(24 * 1.10 + reserve + 8, abs=0.01)
 
 
 def test_errata_5_chinchilla_prediction():
@@ -52,30 +53,32 @@ def test_errata_5_chinchilla_prediction():
 
 
 def test_lab_plan_output_says_it_does_not_fit_and_what_does(capsys):
-    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--total-steps", "84000")
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--total-steps", "84000",
+                       "--mfu", "0.48")
     assert code == 0
     for text in ("50,331,648 non-embedding", "38,597,376 embedding", "88,929,024",
                  "6.091e+08 honest", "3.020e+08 the lab's 6N figure", "245,882", "1,688.3",
                  "84,000 steps = 44.04B tokens", "49.8 h", "$54.73", "storage egress", "persistent disk",
-                 "buffer (1 restart)", "$62.73", "$35.00",
+                 "buffer (1 restart)", "final checkpoint, export, shutdown (10 min)", "$0.18", "$62.91", "$35.00",
                  "verdict: DOES NOT FIT", "do not fit in 24 h", "do not fit in $35.00",
-                 "in 24 h: 40,520 steps = 21.24B tokens, $34.40", "--total-steps 40500",
+                 "in 24 h: 40,520 steps = 21.24B tokens, $34.58", "--total-steps 40520",
                  "MFU 0.31 on h100/h200/h800", "E 1.69, A 406.4, B 410.7, alpha 0.34, beta 0.28",
                  "D = 44.04B tokens: 3.10", "2.93", "caveat", "SentencePiece"):
         assert text in out, text
 
 
 def test_24_hours_fit_the_cap(capsys):
-    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24")
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24", "--mfu", "0.48")
     assert code == 0 and "verdict: FITS" in out and "40,520 steps = 21.24B tokens (24 h)" in out
-    assert "$34.40" in out and "D = 21.24B tokens: 3.20" in out
+    assert "$34.58" in out and "D = 21.24B tokens: 3.20" in out
 
 
 def test_setup_hours_and_the_buffer(capsys):
-    # The lab's own table: 26 h at $1.10 + $8 = $36.60, within $35 only if the buffer is never used.
+    # The lab's own table: 26 h at $1.10 + $8 = $36.60 (+ $0.18 reserve), within $35 only if the buffer is
+    # never used.
     code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24",
-                       "--setup-hours", "2")
-    assert code == 0 and "$28.60" in out and "$36.60" in out and "only if the $5.00 restart buffer" in out
+                       "--setup-hours", "2", "--mfu", "0.48")
+    assert code == 0 and "$28.60" in out and "$36.78" in out and "only if the $5.00 restart buffer" in out
 
 
 def test_measured_throughput_replaces_the_assumed_mfu(cfg, capsys):
@@ -111,3 +114,27 @@ def test_a_bad_config_is_a_usage_error(tmp_path, capsys):
     assert "did you mean model.n_layer" in capsys.readouterr().err
     with pytest.raises(X1Error):
         plan.gpu_peak("tpu-v5")
+
+
+def test_plan_and_the_launch_gate_print_the_same_what_fits_number(cfg, tmp_path, capsys):
+    """One planner: for the same inputs (rate, step time, cap, lines, buffer, reserve) plan's "largest run"
+    and the launch gate's "about N steps fit" are the same number."""
+    from datetime import datetime, timezone
+
+    from x1_pretrain.budget.gate import Plan, fitting_steps, gate_problems
+    from x1_pretrain.budget.guard import Limits, parse
+
+    tokens_per_s = 246_000
+    step_s = cfg.tokens_per_step() / tokens_per_s
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--tokens-per-s",
+                       str(tokens_per_s), "--total-steps", "84000", "--max-hours", "48")
+    planned = int(out.split("the largest run inside both: ")[1].split(" steps")[0].replace(",", ""))
+    snap = parse({"spent_usd": 0.0, "rate_usd_per_hr": 1.10, "hours_elapsed": 0, "projected_total_usd": 0,
+                  "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    gate = fitting_steps(snap.snapshot, Plan(84000, 0, step_s), Limits(35.0, 30.0))
+    (problem,) = gate_problems(snap, Plan(84000, 0, step_s), Limits(35.0, 30.0), 1.40)
+    assert code == 0 and planned == gate and f"about {gate:,} steps in all fit" in problem
+    runbook = (REPO / "docs" / "cloud-runbook.md").read_text()
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24")
+    best = out.split("the largest run inside both: ")[1].split(" steps")[0]
+    assert f"--total-steps {best.replace(',', '')}" in runbook, "the runbook's step count is plan's (same inputs)"

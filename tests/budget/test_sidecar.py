@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from x1_pretrain import budget_sidecar as bs_cli
+from x1_pretrain.budget import providers as pv
 from x1_pretrain.budget import sidecar as bs
+from x1_pretrain.core.errors import X1Error
 
 from ..conftest import REPO
 
@@ -101,10 +103,18 @@ class Clock:
         return self.t
 
 
+NO_LINES = bs.FixedLines(0.0, 0.0)
+
+
+def ask(provider: str, started: datetime | None = T0, planned: float = 24.0,
+        fixed: bs.FixedLines = NO_LINES) -> bs.BudgetAsk:
+    return bs.BudgetAsk(provider, planned, fixed, None if started is None else started.isoformat())
+
+
 def api_sidecar(provider: str, base: str, out: Path, clock: Clock, timeout_s: float = 0.5,
-                resource_id: str | None = None) -> bs.Sidecar:
-    source = bs.ApiSource(provider, base, KEY, bs.DEFAULT_KEY_ENV[provider], timeout_s, resource_id)
-    return bs.Sidecar(source, out, started=T0, planned_hours=24.0, now=clock)
+                resource_id: str | None = None, started: datetime | None = T0) -> bs.Sidecar:
+    source = pv.ApiSource(provider, base, KEY, pv.DEFAULT_KEY_ENV[provider], timeout_s, resource_id)
+    return bs.Sidecar(source, out, ask(provider, started), bs.load_state(out), now=clock)
 
 
 def no_temp_files(d: Path) -> bool:
@@ -119,26 +129,26 @@ def no_temp_files(d: Path) -> bool:
     (lambda_body(("a", "unhealthy", 75)), None, 0.75, "a"),
 ])
 def test_parse_lambda(body, wanted, rate, rid):
-    r = bs.parse_lambda(body, wanted)
+    r = pv.parse_lambda(body, wanted)
     assert (r.rate_usd_per_hr, r.uptime_s, r.resource_id) == (pytest.approx(rate), None, rid)
 
 
 @pytest.mark.parametrize(("body", "wanted", "error", "needle"), [
-    (lambda_body(("a", "active", 110), ("b", "active", 110)), None, bs.SelectionError, "--instance-id"),
-    (lambda_body(("a", "terminated", 110)), None, bs.SelectionError, "no running instance"),
-    (LAMBDA_OK, "nope", bs.SelectionError, "inst-a, inst-old"),
-    ({"data": [{"id": "a", "status": "active", "instance_type": {"name": "x"}}]}, None, bs.PollError,
+    (lambda_body(("a", "active", 110), ("b", "active", 110)), None, pv.SelectionError, "--instance-id"),
+    (lambda_body(("a", "terminated", 110)), None, pv.SelectionError, "no running instance"),
+    (LAMBDA_OK, "nope", pv.SelectionError, "inst-a, inst-old"),
+    ({"data": [{"id": "a", "status": "active", "instance_type": {"name": "x"}}]}, None, pv.PollError,
      "data[0].instance_type.price_cents_per_hour"),
-    ({"data": [{"id": "a", "status": "active"}]}, None, bs.PollError, "data[0].instance_type"),
+    ({"data": [{"id": "a", "status": "active"}]}, None, pv.PollError, "data[0].instance_type"),
     ({"data": [{"id": "a", "status": "active", "instance_type": {"price_cents_per_hour": "110"}}]}, None,
-     bs.PollError, "not a non-negative number"),
-    ({"data": {"id": "a"}}, None, bs.PollError, "not a list"),
-    ({"error": {"code": "global/invalid-api-key"}}, None, bs.PollError, "body.data"),
-    ([1, 2], None, bs.PollError, "body.data"),
+     pv.PollError, "not a non-negative number"),
+    ({"data": {"id": "a"}}, None, pv.PollError, "not a list"),
+    ({"error": {"code": "global/invalid-api-key"}}, None, pv.PollError, "body.data"),
+    ([1, 2], None, pv.PollError, "body.data"),
 ])
 def test_parse_lambda_errors(body, wanted, error, needle):
     with pytest.raises(error) as e:
-        bs.parse_lambda(body, wanted)
+        pv.parse_lambda(body, wanted)
     assert needle in str(e.value)
 
 
@@ -148,42 +158,43 @@ def test_parse_lambda_errors(body, wanted, error, needle):
     (runpod_body(("p", "RUNNING", 1, 0), ("q", "RUNNING", 2, 60)), "q", 2.0, 60.0, "q"),
 ])
 def test_parse_runpod(body, wanted, rate, uptime, rid):
-    r = bs.parse_runpod(body, wanted)
+    r = pv.parse_runpod(body, wanted)
     assert (r.rate_usd_per_hr, r.uptime_s, r.resource_id) == (pytest.approx(rate), uptime, rid)
 
 
 @pytest.mark.parametrize(("body", "error", "needle"), [
-    ({"errors": [{"message": "Not authorized"}], "data": None}, bs.PollError, "Not authorized"),
-    (runpod_body(("p", "RUNNING", 1, 0), ("q", "RUNNING", 2, 60)), bs.SelectionError, "--pod-id"),
-    ({"data": {"myself": {"pods": [{"id": "p", "desiredStatus": "RUNNING"}]}}}, bs.PollError, "pods[0].costPerHr"),
-    ({"data": {"myself": None}}, bs.PollError, "body.data.myself"),
-    ({"data": None}, bs.PollError, "body.data"),
-    (runpod_body(("p", "RUNNING", -1.0, 5)), bs.PollError, "costPerHr"),
+    ({"errors": [{"message": "Not authorized"}], "data": None}, pv.PollError, "Not authorized"),
+    (runpod_body(("p", "RUNNING", 1, 0), ("q", "RUNNING", 2, 60)), pv.SelectionError, "--pod-id"),
+    ({"data": {"myself": {"pods": [{"id": "p", "desiredStatus": "RUNNING"}]}}}, pv.PollError, "pods[0].costPerHr"),
+    ({"data": {"myself": None}}, pv.PollError, "body.data.myself"),
+    ({"data": None}, pv.PollError, "body.data"),
+    (runpod_body(("p", "RUNNING", -1.0, 5)), pv.PollError, "costPerHr"),
 ])
 def test_parse_runpod_errors(body, error, needle):
     with pytest.raises(error) as e:
-        bs.parse_runpod(body)
+        pv.parse_runpod(body)
     assert needle in str(e.value)
-    if error is bs.PollError and "errors" in body:
+    if error is pv.PollError and "errors" in body:
         assert e.value.kind == "API error"
 
 
-@pytest.mark.parametrize(("uptime", "now", "planned", "spent", "hours", "projected"), [
-    (None, T0 + timedelta(hours=2), 24.0, 2.2, 2.0, 26.4),          # hours from the start
-    (7200.0, T0 + timedelta(hours=9), 24.0, 2.2, 2.0, 26.4),        # the provider's uptime wins
-    (None, T0 - timedelta(hours=1), 24.0, 0.0, 0.0, 26.4),          # a start in the future counts as 0
-    (None, T0 + timedelta(hours=30), 24.0, 33.0, 30.0, 33.0),       # past the plan: projected = spent
-    (None, T0 + timedelta(minutes=30), 10.0, 0.55, 0.5, 11.0),
+@pytest.mark.parametrize(("now", "planned", "spent", "hours", "projected"), [
+    (T0 + timedelta(hours=2), 24.0, 2.2, 2.0, 26.4),
+    (T0 - timedelta(hours=1), 24.0, 0.0, 0.0, 26.4),          # a start in the future counts as 0
+    (T0 + timedelta(hours=30), 24.0, 33.0, 30.0, 33.0),       # past the plan: projected = spent
+    (T0 + timedelta(minutes=30), 10.0, 0.55, 0.5, 11.0),
 ])
-def test_build_budget(uptime, now, planned, spent, hours, projected):
-    b = bs.build_budget(bs.Reading(1.10, uptime, "inst-a"), now=now, started=T0, planned_hours=planned,
-                        provider="lambda")
+def test_the_first_poll_counts_from_the_start(now, planned, spent, hours, projected):
+    state = bs.State(T0, "--started-utc")
+    reading = pv.Reading(1.10, None, "inst-a")
+    bs.integrate(state, reading, now)
+    b = bs.build_budget(state, reading, None, now, ask("lambda", planned=planned))
     assert b["spent_usd"] == pytest.approx(spent)
     assert b["hours_elapsed"] == pytest.approx(hours)
     assert b["projected_total_usd"] == pytest.approx(projected)
     assert b["rate_usd_per_hr"] == pytest.approx(1.10)
     assert b["last_update_utc"] == now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    assert b["started_utc"] == "2026-05-23T03:00:00Z"
+    assert b["started_utc"] == "2026-05-23T03:00:00Z" and b["started_from"] == "--started-utc"
 
 
 @pytest.mark.parametrize("text", ["2026-05-23T03:00:00Z", "2026-05-23T03:00:00", "2026-05-23T05:00:00+02:00",
@@ -213,27 +224,31 @@ def test_lambda_poll_writes_the_contract(cloud, tmp_path):
 
 
 def test_the_budget_guard_accepts_what_the_sidecar_writes(tmp_path):
-    guard = pytest.importorskip("x1_pretrain.budget_guard")
+    from x1_pretrain.budget import guard
+
     out = tmp_path / "budget.json"
-    side = bs.Sidecar(bs.ClockSource(1.10), out, started=T0, planned_hours=24.0, now=Clock(T0 + timedelta(hours=3)))
+    side = bs.Sidecar(pv.ClockSource(1.10), out, ask("clock", fixed=bs.FixedLines()),
+                      now=Clock(T0 + timedelta(hours=3)))
     assert side.poll()
     reading = guard.parse(json.loads(out.read_text()))
     assert reading.problem is None
-    assert reading.snapshot.spent_usd == pytest.approx(3.3)
+    assert reading.snapshot.spent_usd == pytest.approx(3.3 + 3.0)   # compute + the lab's $2 disk and $1 egress
+    assert reading.snapshot.fixed_usd == pytest.approx(3.0)
     assert reading.snapshot.last_update_utc == T0 + timedelta(hours=3)
 
 
 def test_runpod_poll_uses_graphql_and_uptime(cloud, tmp_path):
     state, base = cloud
     out = tmp_path / "budget.json"
-    assert api_sidecar("runpod", base, out, Clock(T0 + timedelta(hours=5))).poll()
+    assert api_sidecar("runpod", base, out, Clock(T0 + timedelta(hours=5)), started=None).poll()
     b = json.loads(out.read_text())
     assert b["rate_usd_per_hr"] == pytest.approx(0.79)
-    assert b["hours_elapsed"] == pytest.approx(2.0)
+    assert b["hours_elapsed"] == pytest.approx(2.0)          # no --started-utc: the pod's uptime says when
     assert b["spent_usd"] == pytest.approx(1.58)
+    assert b["started_from"] == "the provider's uptime"
     ((method, path, auth, body),) = state.requests
     assert (method, path, auth) == ("POST", "/graphql", f"Bearer {KEY}")
-    assert json.loads(body) == {"query": bs.RUNPOD_QUERY}
+    assert json.loads(body) == {"query": pv.RUNPOD_QUERY}
 
 
 FAILURES = [
@@ -308,31 +323,121 @@ def test_the_followed_instance_is_pinned_after_the_first_poll(cloud, tmp_path, c
 def test_a_key_that_breaks_the_header_is_not_shown(cloud, tmp_path, capsys):
     _, base = cloud
     bad = "sk-broken\nkey-SECRET"
-    source = bs.ApiSource("lambda", base, bad, "LAMBDA_API_KEY", 0.5)
-    side = bs.Sidecar(source, tmp_path / "budget.json", started=T0, planned_hours=24.0, now=Clock(T0))
+    source = pv.ApiSource("lambda", base, bad, "LAMBDA_API_KEY", 0.5)
+    side = bs.Sidecar(source, tmp_path / "budget.json", ask("lambda"), now=Clock(T0))
     assert not side.poll()
     err = capsys.readouterr().err
     assert "lambda: network error" in err and bad not in err
 
 
-# --- start time ---------------------------------------------------------------------------------------
-def test_the_recorded_start_survives_a_restart(tmp_path):
+# --- start time and the running total -------------------------------------------------------------------
+def test_where_the_start_comes_from(tmp_path):
+    now = T0 + timedelta(hours=1)
+    no_uptime, uptime = pv.Reading(1.0, None, "a"), pv.Reading(1.0, 600.0, "p")
+    s = bs.State()
+    bs.resolve_start(s, "2026-05-22T21:00:00Z", uptime, now)
+    assert (s.started_utc, s.started_from) == (T0 - timedelta(hours=6), "--started-utc")
+    s = bs.State()
+    bs.resolve_start(s, None, uptime, now)
+    assert (s.started_utc, s.started_from) == (now - timedelta(seconds=600), "the provider's uptime")
+    s = bs.State()
+    bs.resolve_start(s, None, no_uptime, datetime.now(timezone.utc))
+    assert s.started_utc == bs.boot_time() and "boot time" in s.started_from   # a VM bills from its boot
+    s = bs.State()
+    bs.resolve_start(s, "now", uptime, now)
+    assert s.started_utc == now
+    with pytest.raises(X1Error, match="--started-utc"):
+        bs.resolve_start(bs.State(), "yesterday", no_uptime, now)
+
+
+def test_an_unreadable_state_file_is_a_usage_error(tmp_path):
+    (tmp_path / "budget.json.state").write_text("garbage")
+    with pytest.raises(X1Error, match="delete it"):
+        bs.load_state(tmp_path / "budget.json")
+
+
+def test_a_price_change_keeps_the_past_and_a_restarted_sidecar_goes_on(tmp_path):
     out = tmp_path / "budget.json"
-    started, origin = bs.resolve_start(out, None, T0)
-    assert started == T0 and "first start" in origin
-    assert json.loads((tmp_path / "budget.json.start").read_text()) == {"started_utc": "2026-05-23T03:00:00Z"}
-    started, origin = bs.resolve_start(out, None, T0 + timedelta(hours=3))
-    assert started == T0 and origin.endswith("budget.json.start")
-    started, _ = bs.resolve_start(out, "2026-05-22T21:00:00Z", T0)  # an explicit start wins and is recorded
-    assert started == T0 - timedelta(hours=6)
-    assert bs.resolve_start(out, None, T0)[0] == T0 - timedelta(hours=6)
-    assert no_temp_files(tmp_path)
+    clock = Clock(T0)
+    source = pv.ClockSource(1.40)
+    side = bs.Sidecar(source, out, ask("clock"), now=clock)
+    for h in range(1, 21):  # 20 h at $1.40, polled hourly
+        clock.t = T0 + timedelta(hours=h)
+        assert side.poll()
+    assert json.loads(out.read_text())["spent_usd"] == pytest.approx(28.0)
+    # the sidecar restarts (a new process, from OUT.state) and the price has dropped to $0.79
+    side = bs.Sidecar(pv.ClockSource(0.79), out, ask("clock"), bs.load_state(out), now=clock)
+    clock.t += timedelta(hours=1)
+    assert side.poll()
+    b = json.loads(out.read_text())
+    assert b["spent_usd"] == pytest.approx(28.0 + 1.40)          # the gap at the higher of the two rates
+    clock.t += timedelta(hours=1)
+    assert side.poll()
+    assert json.loads(out.read_text())["spent_usd"] == pytest.approx(28.0 + 1.40 + 0.79)
 
 
-def test_an_unreadable_start_file_is_a_usage_error(tmp_path):
-    (tmp_path / "budget.json.start").write_text("garbage")
-    with pytest.raises(bs.X1Error, match="delete it"):
-        bs.resolve_start(tmp_path / "budget.json", None, T0)
+def test_a_pod_restart_does_not_reset_the_spend(cloud, tmp_path, capsys):
+    state, base = cloud
+    out = tmp_path / "budget.json"
+    clock = Clock(T0 + timedelta(hours=10))
+    side = api_sidecar("runpod", base, out, clock, started=None)
+    state.reply("/graphql", runpod_body(("pod-a", "RUNNING", 1.0, 10 * 3600)))
+    assert side.poll()
+    state.reply("/graphql", runpod_body(("pod-a", "RUNNING", 1.0, 60)))   # the pod restarted a minute ago
+    clock.t += timedelta(hours=1)
+    assert side.poll()
+    assert json.loads(out.read_text())["spent_usd"] == pytest.approx(11.0)
+    assert "the pod restarted" in capsys.readouterr().err
+
+
+def test_runpods_balance_is_cross_checked_and_the_higher_spend_wins(cloud, tmp_path, capsys):
+    state, base = cloud
+    out = tmp_path / "budget.json"
+    clock = Clock(T0 + timedelta(hours=1))
+    side = api_sidecar("runpod", base, out, clock)
+
+    def body(balance: float) -> dict:
+        b = runpod_body(("pod-a", "RUNNING", 1.0, 3600))
+        b["data"]["myself"]["clientBalance"] = balance
+        return b
+
+    state.reply("/graphql", body(100.0))
+    assert side.poll()                                   # 1 h counted, balance 100 noted
+    state.reply("/graphql", body(97.0))                  # $3 gone in an hour at a "$1/h" pod
+    clock.t += timedelta(hours=1)
+    assert side.poll()
+    b = json.loads(out.read_text())
+    assert b["balance_spent_usd"] == pytest.approx(1.0 + 3.0) and b["spent_usd"] == pytest.approx(4.0)
+    assert "cross-check" in capsys.readouterr().err
+
+
+def test_a_server_that_drips_its_answer_is_cut_off_at_the_deadline(tmp_path, capsys):
+    import socket
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def drip() -> None:
+        conn, _ = srv.accept()
+        conn.recv(4096)
+        try:
+            for ch in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b" " * 100000:
+                conn.send(bytes([ch]))
+                time.sleep(0.1)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    threading.Thread(target=drip, daemon=True).start()
+    side = api_sidecar("lambda", f"http://127.0.0.1:{srv.getsockname()[1]}", tmp_path / "budget.json", Clock(T0),
+                       timeout_s=1.0)
+    t0 = time.monotonic()
+    assert not side.poll()
+    assert time.monotonic() - t0 < 2.5            # one byte every 0.1 s never resets a total deadline
+    assert "lambda: timeout" in capsys.readouterr().err
+    srv.close()
 
 
 # --- CLI ----------------------------------------------------------------------------------------------
@@ -348,22 +453,23 @@ def test_cli_clock_once(tmp_path):
     assert code == 0
     b = json.loads(out.read_text())
     assert b["hours_elapsed"] == pytest.approx(2.0, abs=0.01)
-    assert b["spent_usd"] == pytest.approx(2.2, abs=0.02)
-    assert b["projected_total_usd"] == pytest.approx(11.0, abs=0.001)
+    assert b["spent_usd"] == pytest.approx(2.2 + 3.0, abs=0.02)     # + the lab's fixed lines ($2 disk, $1 egress)
+    assert b["projected_total_usd"] == pytest.approx(5.2 + 1.10 * 8, abs=0.02)
+    assert b["fixed_usd"] == {"disk_usd": 2.0, "egress_usd": 1.0} and b["compute_usd"] == pytest.approx(2.2, abs=0.02)
     assert b["provider"] == "clock" and b["planned_hours"] == 10
     assert abs(bs.parse_utc(b["last_update_utc"]) - datetime.now(timezone.utc)) < timedelta(seconds=5)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["budget.json", "budget.json.start"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["budget.json", "budget.json.state"]
 
 
-def test_cli_once_keeps_the_recorded_start(tmp_path):
+def test_cli_once_keeps_the_recorded_start_and_total(tmp_path):
     out = tmp_path / "budget.json"
-    args = ["--provider", "clock", "--rate-usd-per-hr", "2", "--out", str(out), "--once"]
+    args = ["--provider", "clock", "--rate-usd-per-hr", "2", "--out", str(out), "--once", "--started-utc", "now"]
     assert bs_cli.main(args) == 0
-    first = json.loads(out.read_text())["started_utc"]
-    (tmp_path / "budget.json.start").write_text(json.dumps({"started_utc": "2020-01-01T00:00:00Z"}))
-    assert bs_cli.main(args) == 0
-    assert first != "2020-01-01T00:00:00Z"
-    assert json.loads(out.read_text())["started_utc"] == "2020-01-01T00:00:00Z"
+    first = json.loads(out.read_text())
+    time.sleep(0.05)
+    assert bs_cli.main(args[:-2]) == 0                      # a restart: no flag, the state decides
+    second = json.loads(out.read_text())
+    assert second["started_utc"] == first["started_utc"] and second["compute_usd"] >= first["compute_usd"]
 
 
 def test_cli_lambda_once_and_its_exit_codes(cloud, tmp_path, monkeypatch, capsys):
@@ -398,7 +504,7 @@ def test_cli_runpod_custom_key_env(cloud, tmp_path, monkeypatch):
     (["--provider", "clock"], {}, "--rate-usd-per-hr"),
     (["--provider", "clock", "--rate-usd-per-hr", "-1"], {}, "--rate-usd-per-hr must be a positive"),
     (["--provider", "clock", "--rate-usd-per-hr", "1", "--interval-min", "0"], {}, "--interval-min"),
-    (["--provider", "clock", "--rate-usd-per-hr", "1", "--started-utc", "yesterday"], {}, "--started-utc"),
+    (["--provider", "clock", "--rate-usd-per-hr", "1", "--disk-usd", "-2"], {}, "--disk-usd"),
     (["--provider", "lambda", "--pod-id", "p"], {"LAMBDA_API_KEY": KEY}, "--instance-id"),
     (["--provider", "lambda", "--base-url", "{base}"], {"LAMBDA_API_KEY": KEY}, "--instance-id ID"),
     (["--provider", "lambda", "--base-url", "{base}", "--instance-id", "x"], {"LAMBDA_API_KEY": KEY}, "no such"),

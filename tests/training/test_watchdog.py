@@ -13,7 +13,7 @@ from x1_pretrain.training import watchdog as W
 from ..procs import progress_step, run_info, start, train_cmd, wait_for
 
 
-def fake_trainer(tmp_path, codes: list[int]) -> list[str]:
+def fake_trainer(tmp_path, codes: list[int], progress: bool = True) -> list[str]:
     """A real child process that exits with the next code of ``codes`` and records its argv."""
     script = tmp_path / "fake_train.py"
     script.write_text(textwrap.dedent(f"""
@@ -22,6 +22,11 @@ def fake_trainer(tmp_path, codes: list[int]) -> list[str]:
         n = sum(1 for _ in open(state)) if os.path.exists(state) else 0
         with open(state, "a") as f:
             f.write(json.dumps({{"argv": sys.argv[1:], "restart": os.environ.get("X1_RESTART_COUNT")}}) + "\\n")
+        ckpt = {str(tmp_path / 'ckpt')!r}
+        os.makedirs(ckpt, exist_ok=True)
+        if {progress!r}:  # each start gets further than the last, as a run that crashes now and then does
+            with open(os.path.join(ckpt, "progress.json"), "w") as f:
+                json.dump({{"pid": os.getpid(), "step": 10 * (n + 1)}}, f)
         code = {codes!r}[n]
         if code < 0:
             os.kill(os.getpid(), -code)
@@ -67,8 +72,8 @@ def test_gives_up_after_max_restarts(tmp_path):
 
 
 def test_backoff_doubles_on_consecutive_crashes():
-    wd = W.Watchdog(["x"], 5, 1.0, 60.0, None)
-    assert wd.backoff_s == 1.0 and W.should_relaunch(-15) and W.should_relaunch(137) and not W.should_relaunch(130)
+    wd = W.Watchdog(["x"], W.WatchdogOptions(5, 1.0, 60.0))
+    assert wd.opts.backoff_s == 1.0 and W.should_relaunch(-15) and W.should_relaunch(137) and not W.should_relaunch(130)
     assert W.with_resume(["a", "--resume-from-latest"]) == ["a", "--resume-from-latest"]
     assert W.ckpt_dir_of(["t", "--ckpt-dir=/x"]).as_posix() == "/x"
 

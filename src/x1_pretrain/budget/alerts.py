@@ -9,13 +9,15 @@ import os
 import smtplib
 import ssl
 import sys
+import threading
 import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import Protocol, TextIO
 from urllib.parse import urlsplit
+
+from ..core.http import HttpError, request
 
 TIMEOUT_S = 10.0
 TEST_PREFIX = "[x1 TEST] "
@@ -32,7 +34,9 @@ def redact(text: str, secrets: Sequence[str]) -> str:
 
 
 def _short_error(e: BaseException, secrets: Sequence[str]) -> str:
-    if isinstance(e, urllib.error.HTTPError):
+    if isinstance(e, HttpError):
+        msg = str(e)
+    elif isinstance(e, urllib.error.HTTPError):
         try:
             detail = e.read(200).decode("utf-8", "replace").strip()
         except Exception:  # the body is a courtesy; its absence is not an error
@@ -77,10 +81,7 @@ class SlackChannel:
 
     def deliver(self, subject: str, body: str) -> None:
         data = json.dumps({"text": f"*{subject}*\n{body}"}).encode()
-        req = urllib.request.Request(self.url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            resp.read()
+        request(self.url, self.timeout_s, "POST", {"Content-Type": "application/json"}, data)
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,19 @@ class Alerter:
             results[ch.name] = error
             if error is not None:
                 print(f"[alerts] {ch.name} ({ch.where}) failed: {error}", file=self.log or sys.stderr, flush=True)
+        return results
+
+
+    def send_within(self, subject: str, body: str, deadline_s: float = 20.0) -> dict[str, str | None]:
+        """``send`` on a helper thread, waiting at most ``deadline_s`` (for paths that must exit soon)."""
+        results: dict[str, str | None] = {}
+        helper = threading.Thread(target=lambda: results.update(self.send(subject, body)), daemon=True,
+                                  name="x1-alert")
+        helper.start()
+        helper.join(deadline_s)
+        if helper.is_alive():
+            print(f"[alerts] not every channel answered within {deadline_s:g} s", file=self.log or sys.stderr,
+                  flush=True)
         return results
 
 

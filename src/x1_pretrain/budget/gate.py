@@ -9,11 +9,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from ..core import redact
 from ..core.errors import EXIT_BUDGET_CHECKPOINT
-from .guard import Decision, Limits, Memory, Progress, Reading, Snapshot, decide, read_source
+from .guard import Decision, Limits, Memory, Progress, Reading, Snapshot, decide
+from .money import Money, steps_that_fit
+from .source import read_source
 
 
-# --- before launch ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Plan:
     """The run the user is about to pay for."""
@@ -21,25 +23,32 @@ class Plan:
     total_steps: int
     steps_done: int
     step_s: float | None                # expected seconds per optimizer step (None: unknown)
-    final_checkpoint_s: float = 30.0
+    resumed: bool = False               # a relaunch: the hint must name --allow-config-change
 
     @property
     def hours_left(self) -> float | None:
         if self.step_s is None:
             return None
-        return (max(self.total_steps - self.steps_done, 0) * self.step_s + self.final_checkpoint_s) / 3600
+        return max(self.total_steps - self.steps_done, 0) * self.step_s / 3600
 
 
-def planned_total(snapshot: Snapshot, plan: Plan) -> float | None:
+def money_at(snapshot: Snapshot, limits: Limits) -> Money:
+    """Where the money stands at launch, in the one planner's terms (budget/money.py)."""
+    return Money(limits.cap_usd, snapshot.rate_usd_per_hr, limits.lines, snapshot.spent_usd,
+                 snapshot.fixed_usd is not None, 0.0, limits.reserve_min)
+
+
+def planned_total(snapshot: Snapshot, plan: Plan, limits: Limits) -> float | None:
+    """The whole bill of the planned run, buffer kept (as ``plan`` prints it)."""
     h = plan.hours_left
-    return None if h is None else snapshot.spent_usd + snapshot.rate_usd_per_hr * h
+    return None if h is None else money_at(snapshot, limits).total_usd(h)
 
 
-def steps_that_fit(snapshot: Snapshot, plan: Plan, cap: float) -> int | None:
+def fitting_steps(snapshot: Snapshot, plan: Plan, limits: Limits) -> int | None:
+    """Steps in all (done + to come) that fit under the cap with the buffer kept; the number ``plan`` prints."""
     if plan.step_s is None or snapshot.rate_usd_per_hr <= 0:
         return None
-    hours = (cap - snapshot.spent_usd) / snapshot.rate_usd_per_hr - plan.final_checkpoint_s / 3600
-    return max(int(hours * 3600 / plan.step_s), 0) + plan.steps_done
+    return plan.steps_done + steps_that_fit(money_at(snapshot, limits), plan.step_s)
 
 
 def gate_problems(reading: Reading, plan: Plan, limits: Limits, max_rate: float) -> list[str]:
@@ -52,13 +61,15 @@ def gate_problems(reading: Reading, plan: Plan, limits: Limits, max_rate: float)
         out.append(f"the rate is ${snap.rate_usd_per_hr:.2f}/h, above --max-rate-usd-per-hr ${max_rate:.2f}: do not "
                    "launch; wait 4 hours and check again (RunPod community at ~$0.79/h is an acceptable fallback), "
                    "or --force-launch")
-    total = planned_total(snap, plan)
+    total = planned_total(snap, plan, limits)
     if total is not None and total > limits.cap_usd:
-        fit = steps_that_fit(snap, plan, limits.cap_usd)
-        out.append(f"the planned run costs about ${total:.2f} (spent ${snap.spent_usd:.2f} + "
+        fit = fitting_steps(snap, plan, limits)
+        lower = "lower --total-steps" + (" (with --allow-config-change: this resumes a run)" if plan.resumed else "")
+        out.append(f"the planned run costs about ${total:.2f} in all (spent ${snap.spent_usd:.2f} + "
                    f"{plan.total_steps - plan.steps_done:,} steps x {plan.step_s:.2f} s x "
-                   f"${snap.rate_usd_per_hr:.2f}/h), over the cap ${limits.cap_usd:.2f}; about {fit:,} steps in all "
-                   "fit: lower --total-steps, or --force-launch")
+                   f"${snap.rate_usd_per_hr:.2f}/h + reserve, fixed lines and the ${limits.lines.buffer_usd:.2f} "
+                   f"buffer), over the cap ${limits.cap_usd:.2f}; about {fit:,} steps in all fit: {lower}, or "
+                   "--fit-to-budget to end the schedule where the money ends, or --force-launch")
     return out
 
 
@@ -75,30 +86,31 @@ def dry_run(source: str, limits: Limits, plan: Plan, max_rate: float, alerter: A
     snap = reading.snapshot
     if snap is None:
         failures.append(f"budget source: {reading.problem}")
-        log(f"budget source {source}: FAIL ({reading.problem})")
+        log(f"budget source {redact.url(source)}: FAIL ({reading.problem})")
     else:
         age_min = (now - snap.last_update_utc).total_seconds() / 60
         fresh = -2 <= age_min <= limits.stale_after_intervals * limits.sidecar_interval_min
-        log(f"budget source {source}: spent ${snap.spent_usd:.2f}, rate ${snap.rate_usd_per_hr:.2f}/h, "
+        log(f"budget source {redact.url(source)}: spent ${snap.spent_usd:.2f}, rate ${snap.rate_usd_per_hr:.2f}/h, "
             f"projected ${snap.projected_total_usd:.2f}, updated {age_min:.1f} min ago: {'OK' if fresh else 'FAIL'}")
         if not fresh:
             failures.append(f"budget source: the reading is {age_min:.1f} min old; is the sidecar polling?")
-        total = planned_total(snap, plan)
+        total = planned_total(snap, plan, limits)
         if total is None:
             failures.append("plan: the expected step time is unknown; pass --expected-step-s (measure it, e.g. "
                             "with bench/gpu_check.sh) so the cost of the run can be checked")
             log("plan: step time unknown: FAIL")
         else:
             log(f"plan: {plan.total_steps - plan.steps_done:,} steps x {plan.step_s:.2f} s = {plan.hours_left:.1f} h "
-                f"x ${snap.rate_usd_per_hr:.2f}/h + spent ${snap.spent_usd:.2f} = ${total:.2f} of cap "
-                f"${limits.cap_usd:.2f}: {'OK' if total <= limits.cap_usd else 'FAIL'}")
+                f"x ${snap.rate_usd_per_hr:.2f}/h, with spent ${snap.spent_usd:.2f}, reserve, fixed lines and buffer: "
+                f"${total:.2f} of cap ${limits.cap_usd:.2f}: {'OK' if total <= limits.cap_usd else 'FAIL'} "
+                f"(about {fitting_steps(snap, plan, limits):,} steps fit)")
         for problem in gate_problems(reading, plan, limits, max_rate):
             failures.append(f"launch gate: {problem}")
         # What the guard would do now and at each threshold, for this plan.
-        base = Progress(plan.steps_done, plan.total_steps, 3600 / plan.step_s if plan.step_s else None,
-                        plan.final_checkpoint_s)
+        base = Progress(plan.steps_done, plan.total_steps, 3600 / plan.step_s if plan.step_s else None)
         fresh_snap = Snapshot(snap.spent_usd, snap.rate_usd_per_hr, snap.hours_elapsed, snap.projected_total_usd,
-                              now - timedelta(minutes=1))
+                              now - timedelta(minutes=1), snap.fixed_usd)
+
         def at(spent: float, projected: float) -> Snapshot:
             return Snapshot(spent, snap.rate_usd_per_hr, 0.0, projected, fresh_snap.last_update_utc)
 

@@ -1,33 +1,45 @@
-"""The budget guard: a pure decision from (budget snapshot, limits, now, progress, memory) to an action.
+"""The budget guard: a pure decision from (budget reading, limits, now, progress, memory) to an action.
+
+The memory is the cost ledger's content (``budget/ledger.py`` keeps it on disk across processes), so every
+rule below holds across restarts and relaunches.
+
+Spend (what the rules compare with the cap) is an estimate that never decreases:
+
+* a reading is aged: ``spent + rate × (now − last_update)``, so a reading a few minutes old still counts the
+  minutes since (readings are never "fresh enough" to skip this);
+* the memory is aged the same way with the newest trusted rate, and the larger of the two is the spend: a
+  reading below the memory (a sidecar restarted from zero, a rate change that rewrote the past, a pod
+  restart) is a warning and an alert, never a lower number;
+* a rate ≤ 0, a rate far from the launch rate (``rate_tolerance``) and a jump larger than the rate allows
+  are flagged (warning + one alert each); a rate ≤ 0 is never used to age anything.
 
 Rules (exit-now wins over checkpoint-and-exit, which wins over alert):
 
-* spent (or spend extrapolated from the last good reading) above the cap → EXIT_NOW (exit 4, no checkpoint:
-  the money is already gone, a checkpoint would only spend more),
+* spend above the cap → EXIT_NOW (exit 4, no checkpoint: the money is already gone);
 * projected total above the cap → CHECKPOINT_AND_EXIT (exit 3). The projection is the larger of the
-  sidecar's ``projected_total_usd`` and the guard's own: spent + rate x (remaining steps / measured steps
-  per hour + the time a final checkpoint takes),
-* spent above the alert line → ALERT (email + Slack), once per crossing; training carries on,
-* faults never pass silently and never crash the run: a missing, unreadable, invalid or future-dated
-  file, missing or negative/NaN/infinite fields → the last good reading is extrapolated at its rate and an
-  alert is sent once; a reading older than ``stale_after_intervals`` sidecar intervals is stale → the same.
-  When no reading younger than ``unknown_grace_min`` exists, the spend is unknown → CHECKPOINT_AND_EXIT:
-  unknown spend is not safe spend.
+  sidecar's ``projected_total_usd`` (aged like the spend) and the guard's own: spend + rate × (the remaining
+  steps at the measured speed + the reserve for the final checkpoint, export and shutdown);
+* spend above the alert line → ALERT (email + Slack), once per crossing; training carries on;
+* faults never pass silently and never crash the run: an unreadable, invalid or future-dated reading → the
+  memory is aged at its rate and an alert is sent once. When no valid reading younger than
+  ``unknown_grace_min`` exists (counted across processes), the spend is unknown → CHECKPOINT_AND_EXIT:
+  unknown spend is not safe spend (but a memory already over the cap still means EXIT_NOW).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.request
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from enum import Enum
-from pathlib import Path
 from typing import Any
+
+from .money import DEFAULT_RESERVE_MIN, Lines, Money
 
 FIELDS = ("spent_usd", "rate_usd_per_hr", "hours_elapsed", "projected_total_usd", "last_update_utc")
 FUTURE_TOLERANCE = timedelta(minutes=2)
+DOWN_TOLERANCE_USD = 0.01       # readings this close below the memory are rounding, not a fall
+JUMP_SLACK_USD = 0.50           # a rise this small is never called a jump
 
 
 class Action(str, Enum):
@@ -37,6 +49,10 @@ class Action(str, Enum):
     EXIT_NOW = "exit-now"
 
 
+def format_time(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 @dataclass(frozen=True)
 class Snapshot:
     spent_usd: float
@@ -44,11 +60,15 @@ class Snapshot:
     hours_elapsed: float
     projected_total_usd: float
     last_update_utc: datetime
+    fixed_usd: float | None = None     # the fixed lines spent_usd already carries (None: an older sidecar)
 
     def to_json(self) -> dict[str, Any]:
-        return {"spent_usd": self.spent_usd, "rate_usd_per_hr": self.rate_usd_per_hr,
-                "hours_elapsed": self.hours_elapsed, "projected_total_usd": self.projected_total_usd,
-                "last_update_utc": self.last_update_utc.strftime("%Y-%m-%dT%H:%M:%SZ")}
+        out: dict[str, Any] = {"spent_usd": self.spent_usd, "rate_usd_per_hr": self.rate_usd_per_hr,
+                               "hours_elapsed": self.hours_elapsed, "projected_total_usd": self.projected_total_usd,
+                               "last_update_utc": format_time(self.last_update_utc)}
+        if self.fixed_usd is not None:
+            out["fixed_usd"] = self.fixed_usd
+        return out
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,9 @@ class Limits:
     sidecar_interval_min: float = 5.0
     stale_after_intervals: float = 3.0
     unknown_grace_min: float = 60.0
+    rate_tolerance: float = 2.0        # a rate above x2 or below /2 of the launch rate is flagged
+    lines: Lines = field(default_factory=Lines)  # added to projections when a reading does not carry its fixed lines
+    reserve_min: float = DEFAULT_RESERVE_MIN   # final checkpoint, export and shutdown, after the last step
 
 
 @dataclass(frozen=True)
@@ -73,16 +96,29 @@ class Progress:
     steps_done: int
     total_steps: int
     steps_per_hour: float | None        # measured in this process; None before enough steps
-    final_checkpoint_s: float = 0.0     # how long the last checkpoint took (the final one will too)
+    final_checkpoint_s: float = 0.0     # the reserve: final checkpoint, export and shutdown
 
 
 @dataclass(frozen=True)
 class Memory:
-    """What the guard carries from one check to the next (passed in and returned: decide stays pure)."""
+    """What the guard carries from one check to the next (passed in and returned: decide stays pure).
+    ``budget/ledger.py`` stores it as ``<ckpt-dir>/budget_ledger.json``."""
 
     last_good: Snapshot | None = None
     alerted: frozenset[str] = field(default_factory=frozenset)
-    unknown_since: datetime | None = None   # first check that found no usable reading at all
+    unknown_since: datetime | None = None    # first check that found no usable reading at all
+    spent_usd: float | None = None           # the spend used at the last check (never decreases)
+    spent_at: datetime | None = None         # when that check was
+    rate_usd_per_hr: float | None = None     # the newest trusted (positive) rate: ages the spend
+    launch_rate_usd_per_hr: float | None = None
+
+    def spend_at(self, now: datetime) -> float | None:
+        """The memory's spend aged to ``now`` at its rate."""
+        if self.spent_usd is None:
+            return None
+        if self.spent_at is None or not self.rate_usd_per_hr:
+            return self.spent_usd
+        return self.spent_usd + self.rate_usd_per_hr * _hours(now - self.spent_at)
 
 
 @dataclass(frozen=True)
@@ -95,6 +131,11 @@ class Decision:
     file_projection_usd: float | None
     alerts: tuple[str, ...] = ()        # messages to send now (each fires once per crossing)
     warnings: tuple[str, ...] = ()      # faults to log now
+    rate_usd_per_hr: float | None = None  # the rate the estimate ages at
+
+
+def _hours(d: timedelta) -> float:
+    return max(d.total_seconds() / 3600, 0.0)
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -128,119 +169,189 @@ def parse(data: Any) -> Reading:
     if t is None:
         return Reading(None, f"budget.json last_update_utc {data['last_update_utc']!r} is not an ISO-8601 time")
     return Reading(Snapshot(nums["spent_usd"], nums["rate_usd_per_hr"], nums["hours_elapsed"],
-                            nums["projected_total_usd"], t))
+                            nums["projected_total_usd"], t, _fixed(data.get("fixed_usd"))))
 
 
-def read_source(uri: str, timeout_s: float = 10.0) -> Reading:
-    """Read budget.json from a path, a file:// URI or an http(s):// URL. Never raises."""
-    try:
-        if uri.startswith(("http://", "https://")):
-            with urllib.request.urlopen(uri, timeout=timeout_s) as r:
-                text = r.read().decode()
-        else:
-            path = Path(uri[len("file://"):]) if uri.startswith("file://") else Path(uri)
-            text = path.read_text()
-    except FileNotFoundError:
-        return Reading(None, f"{uri} does not exist (is the budget sidecar running?)")
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        return Reading(None, f"{uri} cannot be read ({type(e).__name__}: {e})")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        return Reading(None, f"{uri} is not valid JSON ({e.msg} at line {e.lineno})")
-    return parse(data)
+def _fixed(value: Any) -> float | None:
+    """budget.json's fixed lines: {"disk_usd": 2, "egress_usd": 1} (or a plain total), else None."""
+    if isinstance(value, dict):
+        parts = [v for v in value.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return float(sum(parts)) if parts and all(math.isfinite(v) and v >= 0 for v in parts) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return None
 
 
-def _once(memory: Memory, key: str, message: str, alerts: list[str]) -> Memory:
-    if key in memory.alerted:
-        return memory
-    alerts.append(message)
-    return replace(memory, alerted=memory.alerted | {key})
+class _Notes:
+    """Alerts and warnings of one decision; an alert fires once per crossing (keys kept in the memory)."""
+
+    def __init__(self, memory: Memory) -> None:
+        self.memory = memory
+        self.alerts: list[str] = []
+        self.warnings: list[str] = []
+
+    def once(self, key: str, message: str, warn: bool = True) -> None:
+        if warn:
+            self.warnings.append(message)
+        if key not in self.memory.alerted:
+            self.alerts.append(message)
+            self.memory = replace(self.memory, alerted=self.memory.alerted | {key})
+
+    def rearm(self, *keys: str) -> None:
+        self.memory = replace(self.memory, alerted=self.memory.alerted - set(keys))
 
 
-def _rearm(memory: Memory, *keys: str) -> Memory:
-    return replace(memory, alerted=memory.alerted - set(keys))
+def _check_rate(snap: Snapshot, limits: Limits, notes: _Notes) -> float | None:
+    """The reading's rate if it can be trusted for ageing, else None (flagged)."""
+    rate, launch = snap.rate_usd_per_hr, notes.memory.launch_rate_usd_per_hr
+    if rate <= 0:
+        notes.once("rate_zero", f"budget.json rate_usd_per_hr is {rate:g}: a running instance costs money; "
+                                "ageing the spend at the last trusted rate instead (check the sidecar)")
+        return None
+    notes.rearm("rate_zero")
+    if launch and not launch / limits.rate_tolerance <= rate <= launch * limits.rate_tolerance:
+        notes.once("rate_far", f"the rate ${rate:.2f}/h is far from the launch rate ${launch:.2f}/h (more than "
+                               f"x{limits.rate_tolerance:g} away): check the instance's price")
+    else:
+        notes.rearm("rate_far")
+    return rate
+
+
+def _check_jump(snap: Snapshot, rate: float | None, notes: _Notes) -> None:
+    prev = notes.memory.last_good
+    if prev is None or snap.last_update_utc <= prev.last_update_utc:
+        return
+    fastest = max(r for r in (rate, notes.memory.rate_usd_per_hr, notes.memory.launch_rate_usd_per_hr, 0.0)
+                  if r is not None)
+    allowed = fastest * _hours(snap.last_update_utc - prev.last_update_utc) * 1.5 + JUMP_SLACK_USD
+    rise = snap.spent_usd - prev.spent_usd
+    if rise > allowed:
+        minutes = _hours(snap.last_update_utc - prev.last_update_utc) * 60
+        notes.once("jump", f"spend jumped by ${rise:.2f} in {minutes:.0f} min, more than ${fastest:.2f}/h allows "
+                           f"(${allowed:.2f}); taking the higher number")
+    else:
+        notes.rearm("jump")
+
+
+def _accept(snap: Snapshot, limits: Limits, now: datetime, notes: _Notes) -> float:
+    """Take a valid reading into the memory; returns the reading's spend aged to ``now``."""
+    rate = _check_rate(snap, limits, notes)
+    _check_jump(snap, rate, notes)
+    m = notes.memory
+    trusted = rate or m.rate_usd_per_hr or m.launch_rate_usd_per_hr or 0.0
+    aged = snap.spent_usd + trusted * _hours(now - snap.last_update_utc)
+    notes.memory = replace(m, last_good=snap, unknown_since=None, rate_usd_per_hr=trusted or None,
+                           launch_rate_usd_per_hr=m.launch_rate_usd_per_hr or rate)
+    return aged
+
+
+def _no_reading(limits: Limits, now: datetime, notes: _Notes) -> str | None:
+    """When no usable reading is young enough: why the spend is unknown (None while inside the grace)."""
+    m = notes.memory
+    if m.last_good is None:
+        since = m.unknown_since or now
+        notes.memory = replace(m, unknown_since=since)
+        waited = _hours(now - since) * 60
+        if waited > limits.unknown_grace_min:
+            return f"no valid budget reading in {waited:.0f} min (grace {limits.unknown_grace_min:g} min)"
+        notes.once("unknown", f"spend unknown for {waited:.0f} min (no valid budget reading yet); stopping with a "
+                              f"checkpoint after {limits.unknown_grace_min:g} min without one")
+        return None
+    age_min = _hours(now - m.last_good.last_update_utc) * 60
+    if age_min > limits.unknown_grace_min:
+        return f"the newest valid budget reading is {age_min:.0f} min old (grace {limits.unknown_grace_min:g} min)"
+    return None
 
 
 def decide(reading: Reading, limits: Limits, now: datetime, progress: Progress,
            memory: Memory) -> tuple[Decision, Memory]:
-    alerts: list[str] = []
-    warnings: list[str] = []
+    notes = _Notes(memory)
     snap = reading.snapshot
     if snap is not None and snap.last_update_utc - now > FUTURE_TOLERANCE:
-        warnings.append(f"budget.json last_update_utc {snap.last_update_utc:%Y-%m-%dT%H:%M:%SZ} is in the future "
-                        f"(now {now:%Y-%m-%dT%H:%M:%SZ}); ignoring it (clock skew or a broken sidecar)")
-        memory = _once(memory, "future", warnings[-1], alerts)
+        notes.once("future", f"budget.json last_update_utc {format_time(snap.last_update_utc)} is in the future "
+                             f"(now {format_time(now)}); ignoring it (clock skew or a broken sidecar)")
         snap = None
     elif snap is not None:
-        memory = _rearm(memory, "future")
+        notes.rearm("future")
     if reading.problem:
-        warnings.append(reading.problem)
-        memory = _once(memory, "unreadable", f"budget source problem: {reading.problem}", alerts)
+        notes.warnings.append(reading.problem)
+        notes.once("unreadable", f"budget source problem: {reading.problem}", warn=False)
     elif snap is not None:
-        memory = _rearm(memory, "unreadable")
-    if snap is not None:
-        memory = replace(memory, last_good=snap, unknown_since=None)
-    basis = memory.last_good
+        notes.rearm("unreadable")
+    prior = memory.spend_at(now)
+    aged = _accept(snap, limits, now, notes) if snap is not None else None
+    unknown = _no_reading(limits, now, notes)
+    _stale(notes, limits, now)
+    candidates = [x for x in (aged, prior) if x is not None]
+    if not candidates:  # nothing known at all
+        return _finish(notes, unknown, limits, now, progress, None, None)
+    spent = max(candidates)
+    if aged is not None and prior is not None and aged < prior - DOWN_TOLERANCE_USD:
+        notes.once("went_down", f"budget reading ${aged:.2f} (aged) is below the ${prior:.2f} already counted: "
+                                f"keeping ${prior:.2f} (a restarted sidecar or a rewritten past?)")
+    elif aged is not None:
+        notes.rearm("went_down")
+    notes.memory = replace(notes.memory, spent_usd=spent, spent_at=now)
+    return _finish(notes, unknown, limits, now, progress, spent, aged)
 
+
+def _stale(notes: _Notes, limits: Limits, now: datetime) -> None:
+    basis = notes.memory.last_good
     if basis is None:
-        since = memory.unknown_since or now
-        memory = replace(memory, unknown_since=since)
-        waited_min = (now - since).total_seconds() / 60
-        if waited_min <= limits.unknown_grace_min:
-            msg = (f"spend unknown for {waited_min:.0f} min (no valid budget reading yet); stopping with a "
-                   f"checkpoint after {limits.unknown_grace_min:g} min without one")
-            warnings.append(msg)
-            memory = _once(memory, "unknown", msg, alerts)
-            return Decision(Action.ALERT if alerts else Action.CONTINUE, msg, None, None, None, None,
-                            tuple(alerts), tuple(warnings)), memory
-        return _unknown(memory, alerts, warnings, f"no valid budget reading in {waited_min:.0f} min "
-                        f"(grace {limits.unknown_grace_min:g} min)")
-    age_h = max((now - basis.last_update_utc).total_seconds() / 3600, 0.0)
-    if age_h * 60 > limits.unknown_grace_min:
-        return _unknown(memory, alerts, warnings,
-                        f"the newest valid budget reading is {age_h * 60:.0f} min old "
-                        f"(grace {limits.unknown_grace_min:g} min)")
-    spent = basis.spent_usd
-    if age_h * 60 > limits.stale_after_intervals * limits.sidecar_interval_min:
-        spent = basis.spent_usd + basis.rate_usd_per_hr * age_h
-        warnings.append(f"budget reading is {age_h * 60:.0f} min old (stale after "
-                        f"{limits.stale_after_intervals * limits.sidecar_interval_min:g} min); extrapolating spend "
-                        f"at ${basis.rate_usd_per_hr:.2f}/h to ${spent:.2f}")
-        memory = _once(memory, "stale", warnings[-1], alerts)
-    elif snap is not None:
-        memory = _rearm(memory, "stale")
-    elif reading.problem:
-        spent = basis.spent_usd + basis.rate_usd_per_hr * age_h  # file unreadable: extrapolate the last good one
-
-    own = None
-    if progress.steps_per_hour and progress.steps_per_hour > 0:
-        remaining_h = max(progress.total_steps - progress.steps_done, 0) / progress.steps_per_hour
-        own = spent + basis.rate_usd_per_hr * (remaining_h + progress.final_checkpoint_s / 3600)
-    file_proj = basis.projected_total_usd + (spent - basis.spent_usd)
-    projected = max(own if own is not None else -math.inf, file_proj)
-
-    if spent > limits.cap_usd:
-        return Decision(Action.EXIT_NOW, f"spent ${spent:.2f} is above the cap ${limits.cap_usd:.2f}: exiting now, "
-                        "without a checkpoint", spent, projected, own, file_proj, tuple(alerts),
-                        tuple(warnings)), memory
-    if projected > limits.cap_usd:
-        return Decision(Action.CHECKPOINT_AND_EXIT, f"projected total ${projected:.2f} is above the cap "
-                        f"${limits.cap_usd:.2f} (spent ${spent:.2f}): checkpoint and exit", spent, projected, own,
-                        file_proj, tuple(alerts), tuple(warnings)), memory
-    if spent > limits.alert_usd:
-        memory = _once(memory, "alert_line", f"spent ${spent:.2f} is above the alert line ${limits.alert_usd:.2f} "
-                       f"(cap ${limits.cap_usd:.2f}, projected ${projected:.2f}); training continues", alerts)
+        return
+    age_min = _hours(now - basis.last_update_utc) * 60
+    stale_after = limits.stale_after_intervals * limits.sidecar_interval_min
+    if age_min > stale_after:
+        rate = notes.memory.rate_usd_per_hr or 0.0
+        notes.once("stale", f"budget reading is {age_min:.0f} min old (stale after {stale_after:g} min); ageing the "
+                            f"spend at ${rate:.2f}/h")
     else:
-        memory = _rearm(memory, "alert_line")
-    action = Action.ALERT if alerts else Action.CONTINUE
-    reason = alerts[-1] if alerts else f"spent ${spent:.2f}, projected ${projected:.2f} of ${limits.cap_usd:.2f}"
-    return Decision(action, reason, spent, projected, own, file_proj, tuple(alerts), tuple(warnings)), memory
+        notes.rearm("stale")
 
 
-def _unknown(memory: Memory, alerts: list[str], warnings: list[str], why: str) -> tuple[Decision, Memory]:
-    """No usable reading for longer than the grace period: stop with a checkpoint."""
-    memory = _once(memory, "unknown", f"spend unknown: {why}", alerts)
-    return Decision(Action.CHECKPOINT_AND_EXIT, f"spend unknown: {why}; unknown spend is not safe spend",
-                    None, None, None, None, tuple(alerts), tuple(warnings)), memory
+def _finish(notes: _Notes, unknown: str | None, limits: Limits, now: datetime, progress: Progress,
+            spent: float | None, aged: float | None) -> tuple[Decision, Memory]:
+    m = notes.memory
+    rate = m.rate_usd_per_hr
+    if spent is not None and spent > limits.cap_usd:
+        return _decision(notes, Action.EXIT_NOW, f"spent ${spent:.2f} is above the cap ${limits.cap_usd:.2f}: "
+                         "exiting now, without a checkpoint", spent, spent, None, None)
+    if unknown is not None:
+        notes.once("unknown", f"spend unknown: {unknown}")
+        return _decision(notes, Action.CHECKPOINT_AND_EXIT, f"spend unknown: {unknown}; unknown spend is not "
+                         "safe spend", spent, None, None, None)
+    if spent is None:
+        msg = notes.alerts[-1] if notes.alerts else "spend unknown (no valid budget reading yet)"
+        return _decision(notes, Action.ALERT if notes.alerts else Action.CONTINUE, msg, None, None, None, None)
+    own = None
+    if progress.steps_per_hour and progress.steps_per_hour > 0 and rate:
+        remaining_h = max(progress.total_steps - progress.steps_done, 0) / progress.steps_per_hour
+        own = money_now(limits, m, spent, progress).total_usd(remaining_h, buffer=False)
+    file_proj = m.last_good.projected_total_usd + (spent - m.last_good.spent_usd) if m.last_good else None
+    projected = max(x for x in (own, file_proj, spent) if x is not None)
+    if projected > limits.cap_usd:
+        return _decision(notes, Action.CHECKPOINT_AND_EXIT, f"projected total ${projected:.2f} is above the cap "
+                         f"${limits.cap_usd:.2f} (spent ${spent:.2f}): checkpoint and exit", spent, projected, own,
+                         file_proj)
+    if spent > limits.alert_usd:
+        notes.once("alert_line", f"spent ${spent:.2f} is above the alert line ${limits.alert_usd:.2f} (cap "
+                                 f"${limits.cap_usd:.2f}, projected ${projected:.2f}); training continues", warn=False)
+    else:
+        notes.rearm("alert_line")
+    action = Action.ALERT if notes.alerts else Action.CONTINUE
+    reason = notes.alerts[-1] if notes.alerts else \
+        f"spent ${spent:.2f}, projected ${projected:.2f} of ${limits.cap_usd:.2f}"
+    return _decision(notes, action, reason, spent, projected, own, file_proj)
 
+
+def money_now(limits: Limits, memory: Memory, spent: float, progress: Progress | None = None) -> Money:
+    """Where the money stands at a check, in the planner's terms (budget/money.py)."""
+    reserve = max(limits.reserve_min, (progress.final_checkpoint_s if progress else 0.0) / 60)
+    fixed_in = memory.last_good is not None and memory.last_good.fixed_usd is not None
+    return Money(limits.cap_usd, memory.rate_usd_per_hr or 0.0, limits.lines, spent, fixed_in, 0.0, reserve)
+
+
+def _decision(notes: _Notes, action: Action, reason: str, spent: float | None, projected: float | None,
+              own: float | None, file_proj: float | None) -> tuple[Decision, Memory]:
+    return Decision(action, reason, spent, projected, own, file_proj, tuple(notes.alerts), tuple(notes.warnings),
+                    notes.memory.rate_usd_per_hr), notes.memory

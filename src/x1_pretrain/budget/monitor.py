@@ -1,15 +1,20 @@
-"""The budget guard at run time: the periodic monitor the trainer consults after each step. The decision
-itself is :func:`budget.guard.decide` (pure); what the loop does with it is the trainer's business."""
+"""The budget guard at run time: the monitor that checks (on its watcher thread, and before the first
+step), keeps the cost ledger, logs, alerts and records metrics. The decision itself is
+:func:`budget.guard.decide` (pure); what the trainer does with it is the trainer's business."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .guard import Decision, Limits, Memory, Progress, Reading, decide, read_source
+from .guard import Decision, Limits, Memory, Progress, Reading, decide
+from .ledger import Ledger, memory_to_json
+from .source import read_source
 
 
 def _utc_now() -> datetime:
@@ -29,74 +34,74 @@ class Effects:
 
 
 class BudgetMonitor:
-    """Runs the guard during training (a loop StepHook): an immediate check at start, then one every
-    ``check_every_s`` of wall-clock. Side effects come in as callables so tests can fake time and alerts."""
+    """Runs the guard during training: a check at start, then one whenever its watcher thread (or the loop)
+    asks. The loop tells it the progress after each step (:meth:`note_step`); the memory is kept in the cost
+    ledger when one is given, so it survives restarts. Side effects come in as callables (tests fake them)."""
 
-    def __init__(self, source: str, limits: Limits, check_every_s: float, effects: Effects | None = None) -> None:
+    def __init__(self, source: str, limits: Limits, effects: Effects | None = None, ledger: Ledger | None = None,
+                 fallback: dict[str, Any] | None = None) -> None:
         fx = effects or Effects()
         self.source = source
         self.limits = limits
-        self.check_every_s = check_every_s
-        self._read = fx.read
-        self._now = fx.now
-        self._mono = fx.monotonic
-        self._send = fx.send_alert
-        self._log = fx.log
-        self._metrics = fx.metrics
-        self.memory = Memory()
+        self._fx = fx
+        self.ledger = ledger
+        self.memory = ledger.load(fallback) if ledger is not None else Memory()
         self.last: Decision | None = None
-        self._last_check: float | None = None
+        self._lock = threading.Lock()
         self._seen = 0
         self._warm: tuple[int, float] | None = None  # (step, time) after the first steps (compile, warm-up)
+        self.steps_done, self.total_steps, self.checkpoint_s = 0, 0, 0.0
+        self.steps_per_hour: float | None = None
+        if ledger is not None:
+            ledger.event(fx.now(), "process_start", pid=os.getpid())
 
     def snapshot_json(self) -> dict[str, Any] | None:
-        """For trainer_state.json: the last good reading and the last decision."""
+        """For trainer_state.json: the guard's memory and its last decision (read back on resume)."""
         if self.last is None:
             return None
         return {"last_good": self.memory.last_good.to_json() if self.memory.last_good else None,
-                "action": self.last.action.value, "reason": self.last.reason, "spent_usd": self.last.spent_usd,
+                "memory": memory_to_json(self.memory), "action": self.last.action.value,
+                "reason": self.last.reason, "spent_usd": self.last.spent_usd,
                 "projected_usd": self.last.projected_usd, "cap_usd": self.limits.cap_usd}
 
-    def check(self, steps_done: int, total_steps: int, final_checkpoint_s: float,
-              steps_per_hour: float | None = None) -> Decision:
-        now_m = self._mono()
-        progress = Progress(steps_done, total_steps, steps_per_hour, final_checkpoint_s)
-        decision, self.memory = decide(self._read(self.source), self.limits, self._now(), progress, self.memory)
-        self.last = decision
-        self._last_check = now_m
+    def note_step(self, steps_done: int, total_steps: int, checkpoint_s: float) -> None:
+        """The loop's progress after a step, and the measured wall-clock speed since the warm-up (evals and
+        checkpoints included, compilation not)."""
+        self._seen += 1
+        now = self._fx.monotonic()
+        self.steps_done, self.total_steps, self.checkpoint_s = steps_done, total_steps, checkpoint_s
+        if self._warm is None:
+            if self._seen >= 3:
+                self._warm = (steps_done, now)
+            return
+        done, hours = steps_done - self._warm[0], (now - self._warm[1]) / 3600
+        if done >= 2 and hours > 0:
+            self.steps_per_hour = done / hours
+
+    def check(self) -> Decision:
+        """One check now (thread-safe: the watcher thread and the loop may both call it)."""
+        with self._lock:
+            progress = Progress(self.steps_done, self.total_steps, self.steps_per_hour, self.checkpoint_s)
+            now = self._fx.now()
+            decision, self.memory = decide(self._fx.read(self.source), self.limits, now, progress, self.memory)
+            self.last = decision
+            if self.ledger is not None:
+                self.ledger.record(now, decision, self.memory, self.steps_done)
+        self._report(decision)
+        return decision
+
+    def _report(self, decision: Decision) -> None:
         for w in decision.warnings:
-            self._log(f"budget warning: {w}")
-        if self._metrics is not None:
+            self._fx.log(f"budget warning: {w}")
+        if self._fx.metrics is not None:
             values = {k: v for k, v in (("budget/spent_usd", decision.spent_usd),
                                         ("budget/projected_usd", decision.projected_usd)) if v is not None}
             if values:
-                self._metrics(steps_done, values)
+                self._fx.metrics(self.steps_done, values)
         spent = f"${decision.spent_usd:.2f}" if decision.spent_usd is not None else "unknown"
         proj = f"${decision.projected_usd:.2f}" if decision.projected_usd is not None else "unknown"
-        self._log(f"budget check: spent {spent}, projected {proj}, cap ${self.limits.cap_usd:.2f} -> "
-                  f"{decision.action.value}")
+        self._fx.log(f"budget check: spent {spent}, projected {proj}, cap ${self.limits.cap_usd:.2f} -> "
+                     f"{decision.action.value}")
         for message in decision.alerts:
-            if self._send is not None:
-                self._send(f"x1 budget: {message[:80]}", message)
-        return decision
-
-    def due(self) -> bool:
-        return self._last_check is None or self._mono() - self._last_check >= self.check_every_s
-
-    def steps_per_hour(self, step: int) -> float | None:
-        """Measured wall-clock speed since the warm-up (evals and checkpoints included, compilation not)."""
-        self._seen += 1
-        now = self._mono()
-        if self._warm is None:
-            if self._seen >= 3:
-                self._warm = (step, now)
-            return None
-        done, hours = step - self._warm[0], (now - self._warm[1]) / 3600
-        return done / hours if done >= 2 and hours > 0 else None
-
-    def after_step(self, steps_done: int, total_steps: int, final_checkpoint_s: float) -> Decision | None:
-        """Called after each optimizer step: a decision when a check was due, else None."""
-        sph = self.steps_per_hour(steps_done)
-        if not self.due():
-            return None
-        return self.check(steps_done, total_steps, final_checkpoint_s, sph)
+            if self._fx.send_alert is not None:
+                self._fx.send_alert(f"x1 budget: {message[:80]}", message)

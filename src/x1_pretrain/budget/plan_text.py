@@ -47,10 +47,11 @@ def render(plan: Plan, config_path: str, steps_source: str) -> str:
             f"  time         {plan.hours:,.1f} h of training"]
     billed = f"({plan.hours:,.1f} h + {plan.setup_hours:g} h set-up)" if plan.setup_hours else f"{plan.hours:,.1f} h"
     rows = [(f"compute ({billed} x {_usd(plan.rate_usd_per_hr)}/h)", plan.compute_usd()),
+            (f"final checkpoint, export, shutdown ({plan.reserve_min:g} min)", plan.reserve_usd),
             ("storage egress", plan.lines.egress_usd), ("persistent disk", plan.lines.disk_usd),
             ("buffer (1 restart)", plan.lines.buffer_usd), ("total", plan.total_usd())]
-    out += ["", "cost"] + [f"  {name:<38}{_usd(v):>10}" for name, v in rows]
-    out.append(f"  {'cap':<38}{_usd(plan.cap_usd):>10}")
+    out += ["", "cost"] + [f"  {name:<44}{_usd(v):>10}" for name, v in rows]
+    out.append(f"  {'cap':<44}{_usd(plan.cap_usd):>10}")
     if not plan.setup_hours:
         out.append("  (the lab's table bills ~26 h for 24 h of training: --setup-hours 2 counts set-up and tokenizing)")
     out += ["", verdict(plan), "", *what_fits(plan), "", *chinchilla_lines(plan, counts)]
@@ -86,11 +87,10 @@ def what_fits(plan: Plan) -> list[str]:
            f"  under the {_usd(plan.cap_usd)} cap, keeping the buffer: {cap_h:,.1f} h = {plan.steps_in(cap_h):,} steps"]
     if both_h <= 0:
         return [*out, "  nothing fits: the fixed lines and the buffer alone exceed the cap"]
-    best = plan.steps_in(both_h)
-    rounded = best // 100 * 100 if best >= 100 else best
-    hrs = rounded / plan.steps_per_hour
-    out.append(f"  the largest run inside both: --total-steps {rounded} ({_b(rounded * plan.tokens_per_step)} "
-               f"tokens, {hrs:,.1f} h, {_usd(plan.total_usd(hrs))} in all)")
+    best = plan.steps_that_fit()
+    hrs = best / plan.steps_per_hour
+    out.append(f"  the largest run inside both: {best:,} steps (--total-steps {best}; "
+               f"{_b(best * plan.tokens_per_step)} tokens, {hrs:,.1f} h, {_usd(plan.total_usd(hrs))} in all)")
     if not plan.fits_time:
         need = plan.steps * plan.tokens_per_step / (plan.max_hours * 3600)
         line = f"  {plan.steps:,} steps in {plan.max_hours:g} h would need {need:,.0f} tokens/s"

@@ -4,11 +4,12 @@ the bill's lines against the cap. ``plan.py`` is the command; ``plan_text.py`` r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..core import config as C
 from ..core.errors import X1Error
 from ..model import flops
+from .money import DEFAULT_MFU, DEFAULT_RESERVE_MIN, Lines, Money, steps_that_fit
 
 # --gpu name -> (key of flops.PEAK_TFLOPS_BF16, memory in GB). Dense bf16 peaks, SXM parts for H100/H200.
 GPUS: dict[str, tuple[str, int]] = {
@@ -34,19 +35,6 @@ def gpu_peak(name: str) -> float:
 
 
 @dataclass(frozen=True)
-class Lines:
-    """The lab's budget lines besides compute (USD)."""
-
-    egress_usd: float = 1.0
-    disk_usd: float = 2.0
-    buffer_usd: float = 5.0
-
-    @property
-    def fixed(self) -> float:
-        return self.egress_usd + self.disk_usd
-
-
-@dataclass(frozen=True)
 class Plan:
     config: C.Config
     gpu: str
@@ -58,8 +46,18 @@ class Plan:
     steps: int
     cap_usd: float
     max_hours: float            # the run's time window (the lab's: 24 h)
-    setup_hours: float = 0.0    # billed hours outside training (set-up, tokenization, export)
-    lines: Lines = Lines()
+    setup_hours: float = 0.0    # billed hours outside training before the first step (set-up, tokenization)
+    lines: Lines = field(default_factory=Lines)
+    reserve_min: float = DEFAULT_RESERVE_MIN   # final checkpoint, export and shutdown after the last step
+
+    @property
+    def money(self) -> Money:
+        """The plan in the one planner's terms (budget/money.py): nothing spent yet."""
+        return Money(self.cap_usd, self.rate_usd_per_hr, self.lines, 0.0, False, self.setup_hours, self.reserve_min)
+
+    @property
+    def step_s(self) -> float:
+        return self.tokens_per_step / self.tokens_per_s
 
     @property
     def fpt(self) -> flops.FlopsPerToken:
@@ -88,8 +86,12 @@ class Plan:
     def compute_usd(self, hours: float | None = None) -> float:
         return ((self.hours if hours is None else hours) + self.setup_hours) * self.rate_usd_per_hr
 
+    @property
+    def reserve_usd(self) -> float:
+        return self.reserve_min / 60 * self.rate_usd_per_hr
+
     def total_usd(self, hours: float | None = None, buffer: bool = True) -> float:
-        return self.compute_usd(hours) + self.lines.fixed + (self.lines.buffer_usd if buffer else 0.0)
+        return self.money.total_usd(self.hours if hours is None else hours, buffer)
 
     @property
     def fits_time(self) -> bool:
@@ -100,12 +102,15 @@ class Plan:
         return self.total_usd() <= self.cap_usd + 1e-9
 
     def hours_for_cap(self, buffer: bool = True) -> float:
-        """Training hours the cap pays for, after the fixed lines (and the buffer)."""
-        money = self.cap_usd - self.lines.fixed - (self.lines.buffer_usd if buffer else 0.0)
-        return max(0.0, money / self.rate_usd_per_hr - self.setup_hours)
+        """Training hours the cap pays for, after the fixed lines, set-up, the reserve (and the buffer)."""
+        return self.money.training_hours_that_fit(buffer)
 
     def steps_in(self, hours: float) -> int:
         return math.floor(hours * self.steps_per_hour + 1e-9)
+
+    def steps_that_fit(self) -> int:
+        """The largest run inside both the cap (keeping the buffer) and the time window."""
+        return steps_that_fit(self.money, self.step_s, self.max_hours)
 
 
 @dataclass(frozen=True)
@@ -114,14 +119,15 @@ class Ask:
 
     hours: float | None = None          # plan this many hours of training ...
     steps: int | None = None            # ... or this many optimizer steps (default: the config's)
-    mfu: float = 0.48                   # assumed MFU, honest accounting ...
+    mfu: float = DEFAULT_MFU            # assumed MFU, honest accounting ...
     tokens_per_s: float | None = None   # ... unless a measured throughput is given
     n_gpus: int = 1
     cap_usd: float = 35.0
     max_hours: float = 24.0
     setup_hours: float = 0.0
     peak_tflops: float | None = None    # per GPU, for a GPU not in the table
-    lines: Lines = Lines()
+    lines: Lines = field(default_factory=Lines)
+    reserve_min: float = DEFAULT_RESERVE_MIN
 
 
 def make_plan(cfg: C.Config, gpu: str | None, rate: float, ask: Ask = Ask()) -> Plan:
@@ -146,7 +152,8 @@ def make_plan(cfg: C.Config, gpu: str | None, rate: float, ask: Ask = Ask()) -> 
                           "or give a measured --tokens-per-s")
         tokens_per_s = mfu * peak * 1e12 * n_gpus / flops.flops_per_token(cfg.model).honest
     plan = Plan(cfg, gpu or "an unnamed GPU", n_gpus, peak, rate, tokens_per_s, measured,
-                cfg.train.total_steps, ask.cap_usd, ask.max_hours, setup_hours, ask.lines)
+                cfg.train.total_steps, ask.cap_usd, ask.max_hours, setup_hours, ask.lines,
+                ask.reserve_min)
     if steps is not None:
         return replace(plan, steps=steps)
     if hours is not None:

@@ -1,128 +1,25 @@
-"""Billing readings → budget.json: the Lambda, RunPod and clock sources and the polling Sidecar. The
+"""Billing readings → budget.json, integrated: every poll adds ``rate × Δt`` to a running total kept in
+``OUT.state``, so a price change never rewrites past hours, a pod restart never resets the spend, and a
+restarted sidecar goes on from where it stopped (the gap is charged at the higher of the two rates). The
 command, its flags and the file's contract are documented in ``budget_sidecar.py``."""
 
 from __future__ import annotations
 
-import http.client
 import json
-import math
 import sys
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..core.errors import EXIT_OK, X1Error
 from ..core.fileio import write_text_atomic
+from .providers import ApiSource, ClockSource, PollError, Reading, SelectionError
 
-PROVIDERS = ("lambda", "runpod", "clock")
-DEFAULT_BASE_URL = {"lambda": "https://cloud.lambdalabs.com", "runpod": "https://api.runpod.io"}
-DEFAULT_KEY_ENV = {"lambda": "LAMBDA_API_KEY", "runpod": "RUNPOD_API_KEY"}
-LAMBDA_RUNNING = {"active", "booting", "unhealthy"}  # states Lambda bills for
-RUNPOD_QUERY = "query { myself { pods { id name costPerHr desiredStatus runtime { uptimeInSeconds } } } }"
-USER_AGENT = "x1-pretrain-budget-sidecar/0.1"
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-
-
-class PollError(Exception):
-    """One failed poll: ``kind`` is short and fixed (``timeout``, ``HTTP 401``, ``malformed JSON`` …)."""
-
-    def __init__(self, kind: str, detail: str = "") -> None:
-        super().__init__(kind)
-        self.kind = kind
-        self.detail = detail
-
-    def __str__(self) -> str:  # from the fields, so redacting ``detail`` redacts the message too
-        return f"{self.kind}: {self.detail}" if self.detail else self.kind
-
-
-class SelectionError(X1Error):
-    """Which instance or pod to follow is unclear: fatal before the first good poll, logged after."""
-
-
-@dataclass(frozen=True)
-class Reading:
-    """What one poll learned: the hourly rate, the provider's uptime if it reports one, and what was read."""
-
-    rate_usd_per_hr: float
-    uptime_s: float | None
-    resource_id: str
-
-
-# --- pure parts ---------------------------------------------------------------------------------------
-def _field(obj: Any, key: str, where: str) -> Any:
-    if not isinstance(obj, dict) or obj.get(key) is None:
-        raise PollError("missing field", f"{where}.{key}")
-    return obj[key]
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise PollError("bad field", f"{where} = {value!r} is not a non-negative number")
-    return float(value)
-
-
-def _select(items: list[tuple[str, bool, Any]], wanted: str | None, noun: str, flag: str) -> tuple[str, Any]:
-    """Pick (id, item) from (id, running, item) by ``wanted`` id, else the only running one."""
-    if wanted is not None:
-        for rid, _, item in items:
-            if rid == wanted:
-                return rid, item
-        known = ", ".join(rid for rid, _, _ in items) or "none"
-        raise SelectionError(f"{flag} {wanted}: no such {noun} in this account (found: {known}). "
-                             f"Check the id in the provider's dashboard.")
-    running = [(rid, item) for rid, up, item in items if up]
-    if len(running) == 1:
-        return running[0]
-    if not running:
-        raise SelectionError(f"no running {noun} in this account: launch one first, or pass {flag} ID "
-                             f"(or use --provider clock --rate-usd-per-hr R).")
-    ids = ", ".join(rid for rid, _ in running)
-    raise SelectionError(f"{len(running)} running {noun}s ({ids}): pass {flag} ID to say which one to follow.")
-
-
-def parse_lambda(payload: Any, instance_id: str | None = None) -> Reading:
-    """Lambda's ``GET /api/v1/instances`` answer → the followed instance's rate (no uptime in this API)."""
-    data = _field(payload, "data", "body")
-    if not isinstance(data, list):
-        raise PollError("bad field", "body.data is not a list")
-    items = []
-    for i, inst in enumerate(data):
-        rid = str(_field(inst, "id", f"data[{i}]"))
-        items.append((rid, _field(inst, "status", f"data[{i}]") in LAMBDA_RUNNING, (i, inst)))
-    rid, (i, inst) = _select(items, instance_id, "instance", "--instance-id")
-    itype = _field(inst, "instance_type", f"data[{i}]")
-    cents = _number(_field(itype, "price_cents_per_hour", f"data[{i}].instance_type"),
-                    f"data[{i}].instance_type.price_cents_per_hour")
-    return Reading(rate_usd_per_hr=cents / 100.0, uptime_s=None, resource_id=rid)
-
-
-def parse_runpod(payload: Any, pod_id: str | None = None) -> Reading:
-    """RunPod's GraphQL ``myself { pods … }`` answer → the followed pod's rate and uptime."""
-    if isinstance(payload, dict) and payload.get("errors"):
-        errors = payload["errors"]
-        first = errors[0] if isinstance(errors, list) and errors else errors
-        message = first.get("message", first) if isinstance(first, dict) else first
-        raise PollError("API error", str(message)[:200])
-    myself = _field(_field(payload, "data", "body"), "myself", "body.data")
-    pods = _field(myself, "pods", "body.data.myself")
-    if not isinstance(pods, list):
-        raise PollError("bad field", "body.data.myself.pods is not a list")
-    items = []
-    for i, pod in enumerate(pods):
-        rid = str(_field(pod, "id", f"pods[{i}]"))
-        items.append((rid, isinstance(pod, dict) and pod.get("desiredStatus") == "RUNNING", (i, pod)))
-    rid, (i, pod) = _select(items, pod_id, "pod", "--pod-id")
-    rate = _number(_field(pod, "costPerHr", f"pods[{i}]"), f"pods[{i}].costPerHr")
-    runtime = pod.get("runtime")
-    uptime = None
-    if isinstance(runtime, dict) and runtime.get("uptimeInSeconds") is not None:
-        uptime = _number(runtime["uptimeInSeconds"], f"pods[{i}].runtime.uptimeInSeconds")
-    return Reading(rate_usd_per_hr=rate, uptime_s=uptime, resource_id=rid)
+CROSS_CHECK_USD = 0.50      # the balance and the integrated total may differ this much (or 10 %) silently
 
 
 def format_utc(t: datetime) -> str:
@@ -135,120 +32,188 @@ def parse_utc(text: str) -> datetime:
     return (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
 
 
-def build_budget(reading: Reading, *, now: datetime, started: datetime, planned_hours: float,
-                 provider: str) -> dict[str, Any]:
-    """The budget.json contents for one reading (hours from the provider's uptime if any, else the start)."""
-    if reading.uptime_s is not None:
-        hours = reading.uptime_s / 3600.0
-    else:
-        hours = max(0.0, (now - started).total_seconds() / 3600.0)
-    rate = reading.rate_usd_per_hr
-    spent = rate * hours
-    projected = spent + rate * max(0.0, planned_hours - hours)
-    return {
-        "spent_usd": round(spent, 4),
-        "rate_usd_per_hr": round(rate, 6),
-        "hours_elapsed": round(hours, 4),
-        "projected_total_usd": round(projected, 4),
-        "last_update_utc": format_utc(now),
-        "provider": provider,
-        "resource_id": reading.resource_id,
-        "started_utc": format_utc(started),
-        "planned_hours": planned_hours,
-    }
-
-
-# --- edges: HTTP, files, clock ------------------------------------------------------------------------
-def _redact(text: str, secret: str) -> str:
-    return text.replace(secret, "***") if secret else text
-
-
-def request_json(url: str, key: str, timeout_s: float, body: dict[str, Any] | None = None) -> Any:
-    """One authenticated JSON request. Every failure is a PollError whose text never holds the key."""
-    headers = {"Authorization": f"Bearer {key}", "Accept": "application/json", "User-Agent": USER_AGENT}
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = "application/json"
-    req = urllib.request.Request(url, data=data, headers=headers, method="POST" if body is not None else "GET")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            raw = resp.read()
-    except urllib.error.HTTPError as e:
-        raise PollError(f"HTTP {e.code}", _redact(str(e.reason), key)[:200]) from None
-    except urllib.error.URLError as e:
-        if isinstance(e.reason, TimeoutError):
-            raise PollError("timeout", f"no answer within {timeout_s:g} s") from None
-        raise PollError("network error", _redact(str(e.reason), key)[:200]) from None
-    except TimeoutError:
-        raise PollError("timeout", f"no answer within {timeout_s:g} s") from None
-    except (OSError, ValueError, http.client.HTTPException) as e:  # a reset, a cut-off body, a bad header
-        raise PollError("network error", _redact(f"{type(e).__name__}: {e}", key)[:200]) from None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise PollError("malformed JSON", f"{len(raw)} bytes that are not JSON") from None
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write to a temporary name in the same directory, fsync, rename into place."""
-    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
-
-
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-@dataclass
-class ApiSource:
-    """A billing API: fetches and parses one reading, then follows the same instance/pod from then on."""
-
-    provider: str
-    base_url: str
-    key: str
-    key_env: str
-    timeout_s: float
-    resource_id: str | None = None
-
-    def read(self) -> Reading:
-        base = self.base_url.rstrip("/")
-        try:
-            if self.provider == "lambda":
-                reading = parse_lambda(request_json(f"{base}/api/v1/instances", self.key, self.timeout_s),
-                                       self.resource_id)
-            else:
-                reading = parse_runpod(request_json(f"{base}/graphql", self.key, self.timeout_s,
-                                                    {"query": RUNPOD_QUERY}), self.resource_id)
-        except PollError as e:
-            if e.kind in ("HTTP 401", "HTTP 403"):
-                e.detail += f" (check the key in ${self.key_env})"
-            e.detail = _redact(e.detail, self.key)
-            raise
-        except SelectionError:
-            raise
-        except Exception as e:  # a bug or a surprise must not end the polling, nor show the key
-            raise PollError("unexpected error", _redact(f"{type(e).__name__}: {e}", self.key)[:200]) from None
-        self.resource_id = reading.resource_id
-        return reading
+def boot_time() -> datetime | None:
+    """When this machine booted (``btime`` in /proc/stat; in a container, the host VM's), or None."""
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("btime "):
+                return datetime.fromtimestamp(int(line.split()[1]), timezone.utc)
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 @dataclass(frozen=True)
-class ClockSource:
-    rate_usd_per_hr: float
-    provider: str = "clock"
+class FixedLines:
+    """The bill's lines besides compute (the lab: $1 egress, $2 disk), counted in full from the start."""
 
-    def read(self) -> Reading:
-        return Reading(self.rate_usd_per_hr, None, "clock")
+    disk_usd: float = 2.0
+    egress_usd: float = 1.0
+
+    @property
+    def total(self) -> float:
+        return self.disk_usd + self.egress_usd
+
+
+@dataclass
+class State:
+    """``OUT.state``: what the sidecar has counted so far (written atomically after every good poll)."""
+
+    started_utc: datetime | None = None
+    started_from: str = ""
+    compute_usd: float = 0.0
+    last_poll_utc: datetime | None = None
+    last_rate_usd_per_hr: float = 0.0
+    last_uptime_s: float | None = None
+    balance_start_usd: float | None = None      # the account balance at the first poll that reported one
+    compute_at_balance_start: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"started_utc": format_utc(self.started_utc) if self.started_utc else None,
+                "started_from": self.started_from, "compute_usd": self.compute_usd,
+                "last_poll_utc": format_utc(self.last_poll_utc) if self.last_poll_utc else None,
+                "last_rate_usd_per_hr": self.last_rate_usd_per_hr, "last_uptime_s": self.last_uptime_s,
+                "balance_start_usd": self.balance_start_usd,
+                "compute_at_balance_start": self.compute_at_balance_start}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> State:
+        def t(key: str) -> datetime | None:
+            return parse_utc(d[key]) if d.get(key) else None
+
+        return cls(t("started_utc"), str(d.get("started_from") or ""), float(d.get("compute_usd") or 0.0),
+                   t("last_poll_utc"), float(d.get("last_rate_usd_per_hr") or 0.0), d.get("last_uptime_s"),
+                   d.get("balance_start_usd"), float(d.get("compute_at_balance_start") or 0.0))
+
+
+def state_path(out: Path) -> Path:
+    return Path(f"{out}.state")
+
+
+def load_state(out: Path) -> State:
+    """The sidecar's counted spend; an ``OUT.start`` from an older sidecar gives the start only."""
+    path, legacy = state_path(out), Path(f"{out}.start")
+    try:
+        if path.exists():
+            return State.from_json(json.loads(path.read_text()))
+        if legacy.exists():
+            return State(parse_utc(json.loads(legacy.read_text())["started_utc"]), str(legacy))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        bad = path if path.exists() else legacy
+        raise X1Error(f"{bad} is unreadable; it holds the spend counted so far: repair it, or delete it to count "
+                      "again from --started-utc (or the machine's boot time)") from None
+    return State()
+
+
+def resolve_start(state: State, flag: str | None, reading: Reading, now: datetime) -> None:
+    """When billing started, and what said so: --started-utc, else the provider's uptime, else (a VM) this
+    machine's boot time, else now. Decided once, at the first good poll, and kept in the state."""
+    if state.started_utc is not None and flag is None:
+        return
+    if flag is not None and flag != "now":
+        try:
+            state.started_utc, state.started_from = parse_utc(flag), "--started-utc"
+        except ValueError:
+            raise X1Error(f"--started-utc {flag!r} is not an ISO time; use e.g. 2026-05-23T03:00:00Z") from None
+    elif flag == "now":
+        state.started_utc, state.started_from = now, "--started-utc now (the sidecar's first poll)"
+    elif reading.uptime_s is not None:
+        state.started_utc, state.started_from = now - timedelta(seconds=reading.uptime_s), "the provider's uptime"
+    elif (boot := boot_time()) is not None and boot <= now:
+        state.started_utc, state.started_from = boot, "this machine's boot time (/proc/stat btime)"
+    else:
+        state.started_utc, state.started_from = now, "the sidecar's first poll (no boot time known)"
+
+
+def integrate(state: State, reading: Reading, now: datetime) -> list[str]:
+    """Add this poll's interval to the running total; returns notes worth a log line."""
+    notes: list[str] = []
+    rate = reading.rate_usd_per_hr
+    assert state.started_utc is not None
+    if state.last_poll_utc is None:  # first poll: the time since billing started, at today's rate
+        state.compute_usd = rate * max((now - state.started_utc).total_seconds(), 0.0) / 3600
+    else:
+        dt_h = max((now - state.last_poll_utc).total_seconds(), 0.0) / 3600
+        state.compute_usd += max(rate, state.last_rate_usd_per_hr) * dt_h
+        if rate != state.last_rate_usd_per_hr:
+            notes.append(f"rate changed ${state.last_rate_usd_per_hr:.2f}/h -> ${rate:.2f}/h: the past keeps its "
+                         "price, the interval since the last poll is counted at the higher one")
+    if reading.uptime_s is not None and state.last_uptime_s is not None and reading.uptime_s < state.last_uptime_s:
+        notes.append(f"the pod restarted (uptime {reading.uptime_s:.0f} s < {state.last_uptime_s:.0f} s): spend keeps "
+                     "counting from the total, not from the new uptime")
+    state.last_poll_utc, state.last_rate_usd_per_hr, state.last_uptime_s = now, rate, reading.uptime_s
+    return notes
+
+
+def cross_check(state: State, reading: Reading) -> tuple[float | None, list[str]]:
+    """Spend according to the account balance (RunPod), and notes when it and the total disagree."""
+    if reading.balance_usd is None:
+        return None, []
+    if state.balance_start_usd is None or reading.balance_usd > state.balance_start_usd + 0.01:
+        topped_up = state.balance_start_usd is not None
+        state.balance_start_usd, state.compute_at_balance_start = reading.balance_usd, state.compute_usd
+        return None, ["the account balance went up (a top-up?): measuring from the new balance"] if topped_up else []
+    by_balance = state.compute_at_balance_start + state.balance_start_usd - reading.balance_usd
+    gap = by_balance - state.compute_usd
+    if abs(gap) > max(CROSS_CHECK_USD, 0.10 * state.compute_usd):
+        return by_balance, [f"cross-check: the balance says ${by_balance:.2f} of compute, the integrated rate "
+                            f"${state.compute_usd:.2f}; using the higher"]
+    return by_balance, []
+
+
+def build_budget(state: State, reading: Reading, balance_spent: float | None, now: datetime,
+                 ask: BudgetAsk) -> dict[str, Any]:
+    """The budget.json contents after a good poll."""
+    assert state.started_utc is not None
+    hours = max((now - state.started_utc).total_seconds(), 0.0) / 3600
+    compute = max(state.compute_usd, balance_spent or 0.0)
+    spent = compute + ask.fixed.total
+    rate = reading.rate_usd_per_hr
+    return {
+        "spent_usd": round(spent, 4),
+        "rate_usd_per_hr": round(rate, 6),
+        "hours_elapsed": round(hours, 4),
+        "projected_total_usd": round(spent + rate * max(0.0, ask.planned_hours - hours), 4),
+        "last_update_utc": format_utc(now),
+        "compute_usd": round(compute, 4),
+        "fixed_usd": {"disk_usd": ask.fixed.disk_usd, "egress_usd": ask.fixed.egress_usd},
+        "balance_spent_usd": None if balance_spent is None else round(balance_spent, 4),
+        "provider": ask.provider,
+        "resource_id": reading.resource_id,
+        "started_utc": format_utc(state.started_utc),
+        "started_from": state.started_from,
+        "planned_hours": ask.planned_hours,
+    }
+
+
+@dataclass(frozen=True)
+class BudgetAsk:
+    """What the user set about the bill: the provider, the run's planned length, the fixed lines, the start."""
+
+    provider: str
+    planned_hours: float = 24.0
+    fixed: FixedLines = FixedLines()
+    started_flag: str | None = None
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 @dataclass
 class Sidecar:
-    """Polls a source and rewrites budget.json after every good poll; leaves it alone after a bad one."""
+    """Polls a source; after every good poll adds to the total and rewrites budget.json; after a bad one leaves
+    both alone (the guard sees the reading's age and ages it)."""
 
     source: ApiSource | ClockSource
     out: Path
-    started: datetime
-    planned_hours: float
+    ask: BudgetAsk
+    state: State = field(default_factory=State)
     now: Callable[[], datetime] = utc_now
     log: TextIO | None = None  # None: sys.stderr at the time of the call
     polled_ok: bool = False
@@ -261,8 +226,15 @@ class Sidecar:
         name = self.source.provider
         try:
             reading = self.source.read()
-            budget = build_budget(reading, now=self.now(), started=self.started,
-                                  planned_hours=self.planned_hours, provider=name)
+            now = self.now()
+            first = self.state.started_utc is None
+            resolve_start(self.state, self.ask.started_flag if first else None, reading, now)
+            if first:
+                self._say(f"counting from {self.state.to_json()['started_utc']} ({self.state.started_from})")
+            notes = integrate(self.state, reading, now)
+            balance_spent, more = cross_check(self.state, reading)
+            budget = build_budget(self.state, reading, balance_spent, now, self.ask)
+            write_json_atomic(state_path(self.out), self.state.to_json())
             write_json_atomic(self.out, budget)
         except PollError as e:
             self._say(f"{name}: {e.kind}{': ' + e.detail if e.detail else ''}; budget.json left as it was")
@@ -276,10 +248,12 @@ class Sidecar:
             self._say(f"{name}: cannot write {self.out}: {e.strerror or e}; will retry")
             return False
         self.polled_ok = True
+        for note in notes + more:
+            self._say(f"{name}: {note}")
         what = name if reading.resource_id == name else f"{name} {reading.resource_id}"
-        self._say(f"{what}: spent ${budget['spent_usd']:.2f} at "
-                  f"${budget['rate_usd_per_hr']:.2f}/h over {budget['hours_elapsed']:.2f} h, "
-                  f"projected ${budget['projected_total_usd']:.2f}")
+        self._say(f"{what}: spent ${budget['spent_usd']:.2f} (compute ${budget['compute_usd']:.2f} + fixed "
+                  f"${self.ask.fixed.total:.2f}) at ${budget['rate_usd_per_hr']:.2f}/h over "
+                  f"{budget['hours_elapsed']:.2f} h, projected ${budget['projected_total_usd']:.2f}")
         return True
 
     def run(self, interval_s: float, stop: threading.Event) -> int:
@@ -289,26 +263,3 @@ class Sidecar:
             stop.wait(interval_s)
         self._say("stopped")
         return EXIT_OK
-
-
-# --- CLI ----------------------------------------------------------------------------------------------
-def resolve_start(out: Path, flag: str | None, now: datetime) -> tuple[datetime, str]:
-    """The start time and where it came from; records it in OUT.start so a restart keeps it."""
-    state = Path(f"{out}.start")
-    if flag is not None:
-        try:
-            started = parse_utc(flag)
-        except ValueError:
-            raise X1Error(f"--started-utc {flag!r} is not an ISO time; use e.g. 2026-05-23T03:00:00Z") from None
-        origin = "--started-utc"
-    elif state.exists():
-        try:
-            started = parse_utc(json.loads(state.read_text())["started_utc"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            raise X1Error(f"{state} is unreadable; delete it to start counting now, "
-                          f"or pass --started-utc TIME") from None
-        return started, str(state)
-    else:
-        started, origin = now, f"first start, recorded in {state}"
-    write_json_atomic(state, {"started_utc": format_utc(started)})
-    return started, origin

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..budget.guard import read_source
+from ..budget.source import read_source
+from ..core import redact
 from ..core.config import ModelConfig
 from ..core.errors import X1Error
 from ..core.fileio import sha256_file
@@ -130,7 +131,7 @@ def _dollars(run: RunRecord, state: dict[str, Any], spent_usd: float | None,
             except (OSError, ValueError):
                 pass
             s = reading.snapshot.to_json()
-            return {**out, **s, "source": f"{source} (the billing sidecar's latest budget.json)"}, provider
+            return {**out, **s, "source": f"{redact.url(source)} (the billing sidecar's latest budget.json)"}, provider
         if budget_json:
             raise X1Error(f"--budget-json {budget_json}: {reading.problem}")
         print(f"[export] warning: {reading.problem}; using the budget snapshot in the final checkpoint")

@@ -13,16 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from ..core import config as C
+from ..core import redact
 from ..core.env import machine, versions
 from ..core.errors import X1Error
 from ..data.tokens import Prefetcher, Sampler, TokenData, gather, open_token_data, val_starts
 from ..model import flops
 from ..model.transformer import Transformer, state_dict_for_saving
 from . import checkpoint as ck
+from .budget import BudgetControl
 from .checkpointer import CheckpointCalls, Checkpointer
 from .device import CompileFallback, hardware_plan, seed_everything
 from .distributed import World
-from .hooks import BudgetHook, ProgressFile
+from .hooks import ProgressFile
 from .loop import LoopState, Run, StopFlag
 from .optim import build_optimizer
 from .options import TrainOptions
@@ -52,7 +54,7 @@ class Context:
     log: Log
     stop: StopFlag
     started_unix: float
-    budget: Any = None            # training.session.BudgetSetup when a cap is set (rank 0 only), else None
+    budget: Any = None            # training.budget.BudgetSetup when a cap is set (rank 0 only), else None
 
     @property
     def ckpt_dir(self) -> Path:
@@ -68,7 +70,7 @@ class Built:
     resume: Resume
     tracker: Any
     checkpointer: Checkpointer | None
-    monitor: Any
+    budget: BudgetControl | None
     sampler: Sampler
     data: TokenData
     prefetch: Prefetcher | None = None
@@ -131,8 +133,9 @@ def _tracker(ctx: Context, uri: str, artifact_location: str | None, resume: Resu
     run_name = opts.run_name or f"{Path(opts.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     tracker = MlflowTracker(uri, artifact_location, run_name, run_id=resume.state.get("mlflow_run_id"),
                             experiment=opts.experiment)
-    if resume.found is not None and resume.state.get("mlflow_uri") not in (None, uri):
-        log(f"warning: the checkpoint's MLflow store was {resume.state.get('mlflow_uri')}; logging to {uri} now")
+    if resume.found is not None and resume.state.get("mlflow_uri") not in (None, redact.url(uri)):
+        log(f"warning: the checkpoint's MLflow store was {resume.state.get('mlflow_uri')}; logging to "
+            f"{redact.url(uri)} now")
     if resume.found is None:
         tracker.log_params({**C.flatten(cfg.to_dict()), "config_sha256": cfg.sha256(), "seed": cfg.train.seed,
                             "world_size": ctx.world.size, "data_dir": str(data.directory),
@@ -151,7 +154,7 @@ def _tracker(ctx: Context, uri: str, artifact_location: str | None, resume: Resu
     tracker.set_tags(tags)
     if resume.found is not None:
         tracker.log_metrics(resume.found.step, {"run/restarts": float(restarts())})
-    log(f"MLflow: {uri} run {tracker.run_id or '(pending: server unreachable)'}"
+    log(f"MLflow: {redact.url(uri)} run {tracker.run_id or '(pending: server unreachable)'}"
         + (" (continued)" if resume.found is not None else ""))
     return tracker
 
@@ -208,7 +211,7 @@ class TrainerState:
                               "epoch": self.sampler.epoch_of(st.step)},
             "data_dir": str(self.data.directory), "data_identity": self.data.identity,
             "config_sha256": cfg.sha256(), "config": cfg.to_dict(),
-            "mlflow_uri": self.uri, "mlflow_run_id": self.tracker.run_id, "restarts": restarts(),
+            "mlflow_uri": redact.url(self.uri), "mlflow_run_id": self.tracker.run_id, "restarts": restarts(),
             "budget": self.monitor.snapshot_json() if self.monitor is not None else None,
             "spike": self.spike_watch.state() if self.spike_watch is not None else None,
             "versions": versions(), "world_size": self.ctx.world.size, "machine": self.machine,
@@ -275,14 +278,15 @@ def build_run(ctx: Context) -> Built:
     trainer_state.uri = uri
     injector, spike_watch = _spikes(ctx, data, tracker, resume)
     trainer_state.spike_watch = spike_watch
-    monitor = ctx.budget.monitor(log, tracker.log_metrics) if ctx.budget is not None else None
-    trainer_state.monitor = monitor
+    control = BudgetControl(ctx.budget, ctx.ckpt_dir, log, tracker.log_metrics, resume.state.get("budget")) \
+        if ctx.budget is not None else None
+    trainer_state.monitor = control.monitor if control is not None else None
     checkpointer = _checkpointer(ctx, tracker, trainer_state, resume)
     hooks: list[Any] = [spike_watch]
     if checkpointer is not None:
         hooks.insert(0, ProgressFile(ctx.ckpt_dir, ctx.started_unix, checkpointer))
-    if monitor is not None:
-        hooks.append(BudgetHook(monitor))
+    if control is not None:
+        hooks.append(control)
     fpt = flops.flops_per_token(cfg.model)
     peak = flops.peak_tflops(run_tags_device(ctx.device) if ctx.device.type == "cuda" else None,
                              ctx.opts.peak_tflops)
@@ -291,7 +295,7 @@ def build_run(ctx: Context) -> Built:
               flops_per_token=fpt.honest, world=ctx.world, ddp=ddp, peak_tflops=peak, tracker=tracker,
               console=log, stop=ctx.stop, checkpointer=checkpointer, hooks=hooks, lab_flops_per_token=fpt.lab_6n,
               batch_source=injector, spike_watch=spike_watch)
-    return Built(run, state, resume, tracker, checkpointer, monitor, sampler, data)
+    return Built(run, state, resume, tracker, checkpointer, control, sampler, data)
 
 
 def start_batches(built: Built) -> None:

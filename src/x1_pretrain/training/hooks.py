@@ -1,4 +1,4 @@
-"""Step hooks the trainer adds to the loop: the watchdog's progress file and the budget monitor."""
+"""The watchdog's progress file (a loop StepHook), and how a budget decision maps to the loop's outcome."""
 
 from __future__ import annotations
 
@@ -44,15 +44,3 @@ def outcome_of(decision: Decision, step: int) -> tuple[Outcome, bool] | None:
     if decision.action == Action.CHECKPOINT_AND_EXIT:
         return Outcome(EXIT_BUDGET_CHECKPOINT, f"budget: {decision.reason}", step), True
     return None
-
-
-class BudgetHook:
-    """The budget monitor as a loop StepHook (checks when one is due)."""
-
-    def __init__(self, monitor: Any) -> None:
-        self.monitor = monitor
-
-    def after_step(self, run: Any, state: Any, metrics: dict[str, float]) -> tuple[Outcome, bool] | None:
-        ckpt_s = getattr(run.checkpointer, "last_save_s", 0.0) or 0.0
-        decision = self.monitor.after_step(state.step, run.cfg.train.total_steps, ckpt_s)
-        return None if decision is None else outcome_of(decision, state.step)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..budget.money import DEFAULT_MFU, DEFAULT_RESERVE_MIN
 from ..core.names import EXPERIMENT
 
 DESCRIPTION = """Pretrain the model: python -m x1_pretrain.train --config configs/x1-50m-a100.yaml --data-dir ...
@@ -34,8 +35,11 @@ class BudgetOptions:
     max_rate_usd_per_hr: float = 1.40
     force_launch: bool = False
     expected_step_s: float | None = None
-    assumed_mfu: float = 0.40
+    assumed_mfu: float = DEFAULT_MFU
     dry_run: bool = False
+    stop_wait_s: float = 120.0             # projected over the cap: the longest wait for a step boundary
+    reserve_min: float = DEFAULT_RESERVE_MIN
+    buffer_usd: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -112,8 +116,17 @@ def _budget_flags(b: Any) -> None:
     b.add_argument("--force-launch", action="store_true", help="launch despite the gate (logged as a tag)")
     b.add_argument("--expected-step-s", type=float,
                    help="measured seconds per optimizer step, for the planned cost (default: from the GPU's peak)")
-    b.add_argument("--assumed-mfu", type=float, default=0.40,
-                   help="MFU (honest accounting) assumed for the planned cost when --expected-step-s is not given")
+    b.add_argument("--assumed-mfu", type=float, default=DEFAULT_MFU,
+                   help="MFU (honest accounting) assumed for the planned cost when --expected-step-s is not given "
+                        f"(default {DEFAULT_MFU}, as plan)")
+    b.add_argument("--budget-reserve-min", type=float, default=DEFAULT_RESERVE_MIN,
+                   help="minutes billed after the last step (final checkpoint, export, shutdown), counted in every "
+                        f"projection (default {DEFAULT_RESERVE_MIN:g})")
+    b.add_argument("--budget-buffer-usd", type=float, default=5.0,
+                   help="dollars the launch gate keeps aside for one restart, as plan does (default 5)")
+    b.add_argument("--budget-stop-wait-s", type=float, default=120.0,
+                   help="projected over the cap: wait this long for a step boundary to checkpoint at, then exit 4 "
+                        "without one (default 120)")
     b.add_argument("--dry-run-budget", action="store_true",
                    help="check the budget source, plan, gate and alert channels (sends a test alert), then exit")
 
@@ -128,7 +141,8 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
     budget = BudgetOptions(args.budget_cap_usd, args.budget_curr_cost_uri, args.budget_alert_usd,
                            args.budget_check_every_min, args.budget_sidecar_interval_min,
                            args.budget_unknown_grace_min, args.max_rate_usd_per_hr, args.force_launch,
-                           args.expected_step_s, args.assumed_mfu, args.dry_run_budget)
+                           args.expected_step_s, args.assumed_mfu, args.dry_run_budget, args.budget_stop_wait_s,
+                           args.budget_reserve_min, args.budget_buffer_usd)
     return TrainOptions(
         config=args.config, data_dir=args.data_dir, ckpt_dir=Path(args.ckpt_dir), mlflow_uri=args.mlflow_uri,
         experiment=args.experiment, run_name=args.run_name, resume=args.resume_from_latest,

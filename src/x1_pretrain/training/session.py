@@ -16,19 +16,22 @@ from typing import Any
 
 from ..budget import alerts
 from ..budget import gate as bg
-from ..budget.guard import Limits, read_source
-from ..budget.monitor import BudgetMonitor, Effects
+from ..budget.guard import Limits
+from ..budget.money import Lines
+from ..budget.source import read_source
 from ..core import config as C
-from ..core.errors import EXIT_ABORTED, EXIT_BUDGET_CHECKPOINT, EXIT_DIVERGED, EXIT_UNEXPECTED, X1Error
+from ..core.errors import EXIT_ABORTED, EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW, EXIT_DIVERGED, EXIT_UNEXPECTED, X1Error
 from ..model import flops
 from . import checkpoint as ck
 from . import distributed
+from .budget import BudgetSetup, stop_message
 from .build import Built, Context, build_run, start_batches, tag_final
 from .device import resolve_device
 from .hooks import outcome_of
+from .lock import RunLock
 from .loop import Diverged, StopFlag, train_loop
 from .options import BudgetOptions, TrainOptions
-from .signals import install_signal_handlers
+from .signals import install_signal_handlers, watch_parent
 
 Log = Callable[[str], None]
 
@@ -62,44 +65,35 @@ def budget_limits(b: BudgetOptions) -> Limits | None:
             problems.append(f"{flag} must be positive")
     if problems:
         raise X1Error("; ".join(problems))
-    return Limits(b.cap_usd, b.alert_usd, b.sidecar_interval_min, 3.0, b.unknown_grace_min)
+    if b.reserve_min < 0 or b.buffer_usd < 0 or b.stop_wait_s <= 0:
+        raise X1Error("--budget-reserve-min and --budget-buffer-usd must be >= 0 and --budget-stop-wait-s positive")
+    return Limits(b.cap_usd, b.alert_usd, b.sidecar_interval_min, 3.0, b.unknown_grace_min,
+                  lines=Lines(buffer_usd=b.buffer_usd), reserve_min=b.reserve_min)
 
 
-@dataclass
-class BudgetSetup:
-    """The budget guard of this run (rank 0): limits, alert channels, and the monitor it builds."""
-
-    opts: BudgetOptions
-    limits: Limits
-    alerter: Any
-
-    def tags(self) -> dict[str, Any]:
-        tags: dict[str, Any] = {"budget_cap_usd": self.limits.cap_usd, "budget_alert_usd": self.limits.alert_usd,
-                                "budget_source": self.opts.source}
-        if self.opts.force_launch:
-            tags["force_launch"] = "true"
-        return tags
-
-    def monitor(self, log: Log, metrics: Any) -> BudgetMonitor:
-        return BudgetMonitor(str(self.opts.source), self.limits, self.opts.check_every_min * 60,
-                             Effects(send_alert=self.alerter.send, log=log, metrics=metrics))
-
-
-def _launch_gate(opts: TrainOptions, cfg: C.Config, limits: Limits, peak: float | None, log: Log) -> int | None:
+def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: float | None, log: Log) -> int | None:
     """The dry run, or the gate before anything is built: an exit code to stop with, or None to go on."""
-    b = opts.budget
+    b, limits = opts.budget, setup.limits
     latest = ck.read_latest(opts.ckpt_dir) if opts.resume else None
     done = int(latest.split("_")[1]) if latest and latest.startswith("step_") else 0
     step_s = bg.expected_step_s(b.expected_step_s, cfg.tokens_per_step(), flops.flops_per_token(cfg.model).honest,
                                 peak, b.assumed_mfu)
-    plan = bg.Plan(cfg.train.total_steps, done, step_s)
-    alerter = alerts.from_env()
+    plan = bg.Plan(cfg.train.total_steps, done, step_s, resumed=done > 0)
     if b.dry_run:
-        return bg.dry_run(str(b.source), limits, plan, b.max_rate_usd_per_hr, alerter, log)
-    problems = bg.gate_problems(read_source(str(b.source)), plan, limits, b.max_rate_usd_per_hr)
+        return bg.dry_run(str(b.source), limits, plan, b.max_rate_usd_per_hr, setup.alerter, log)
+    if not setup.alerter.channels():
+        log("WARNING: the budget guard is on but NO ALERT CHANNEL is configured: budget stops, a falling or unknown "
+            "spend and the alert line will reach nobody. Set X1_SLACK_WEBHOOK_URL and/or X1_SMTP_HOST + X1_SMTP_TO "
+            "(README: alerts) and check them with --dry-run-budget")
+    reading = read_source(str(b.source))
+    problems = bg.gate_problems(reading, plan, limits, b.max_rate_usd_per_hr)
     if problems and not b.force_launch:
         for problem in problems:
             print(f"error: launch refused: {problem}", file=sys.stderr)
+        spent = reading.snapshot.spent_usd if reading.snapshot else None
+        subject, body = stop_message(EXIT_BUDGET_CHECKPOINT, "launch refused: " + "; ".join(problems),
+                                     limits.cap_usd, spent, None)
+        setup.alerter.send_within(subject, body)
         return EXIT_BUDGET_CHECKPOINT
     for problem in problems:
         log(f"warning: --force-launch given despite: {problem}")
@@ -122,6 +116,7 @@ def train(opts: TrainOptions) -> int:
     import numpy as np  # noqa: F401  (imported before torch on purpose: fail fast on a broken env)
 
     limits = budget_limits(opts.budget)
+    setup = BudgetSetup(opts.budget, limits, alerts.from_env()) if limits is not None else None
     sp = opts.spike
     if sp.inject_at_step is not None and (sp.inject_at_step < 1 or sp.batches < 1):
         raise X1Error(f"--inject-spike-at-step {sp.inject_at_step} and --spike-batches {sp.batches} "
@@ -130,19 +125,38 @@ def train(opts: TrainOptions) -> int:
     if device.type == "cpu":
         keep_freed_memory()  # large CPU tensors would otherwise be page-faulted in again at every step
     peak = flops.peak_tflops(device_name(device) if device.type == "cuda" else None, opts.peak_tflops)
-    budget = None
-    if limits is not None:
-        stop_code = _launch_gate(opts, cfg, limits, peak, log)
+    if setup is not None:
+        stop_code = _launch_gate(opts, cfg, setup, peak, log)
         if stop_code is not None:
             return stop_code
-        if world.main:
-            budget = BudgetSetup(opts.budget, limits, alerts.from_env())
+    lock = RunLock(opts.ckpt_dir, log) if world.main else None
+    if lock is not None:
+        lock.acquire()  # before anything is written: a second trainer on this dir exits 2 naming the holder
+    try:
+        return _train_locked(opts, cfg, _Where(world, device, started_unix), log, setup)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where this process trains: its rank and device, and when it started."""
+
+    world: Any
+    device: Any
+    started_unix: float
+
+
+def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, setup: BudgetSetup | None) -> int:
+    world, device = where.world, where.device
     stop = StopFlag()
     restore_signals = install_signal_handlers(stop)
+    parent = watch_parent(stop)
     distributed.init(world, device.type)
     try:
-        ctx = Context(cfg, opts, world, device, log, stop, started_unix, budget)
-        code = run_training(ctx, cap_set=limits is not None)
+        ctx = Context(cfg, opts, world, device, log, stop, where.started_unix, setup if world.main else None)
+        code = run_training(ctx, cap_set=setup is not None)
         if world.size > 1:
             # Ranks leave together once rank 0 has written its last checkpoint and its exit status: a rank
             # that left early with a non-zero code would make torchrun signal rank 0 mid-write.
@@ -153,36 +167,48 @@ def train(opts: TrainOptions) -> int:
             torch.distributed.barrier()
         return code
     finally:
+        if parent is not None:
+            parent.set()
         restore_signals()
         distributed.shutdown(world)
 
 
-def _first_check(ctx: Context, built: Built, cap_set: bool) -> int:
-    """The budget check before the first step; every rank learns rank 0's verdict, or the others would wait
-    for it forever."""
-    code = 0
-    if built.monitor is not None:
-        first = outcome_of(built.monitor.check(built.state.step, ctx.cfg.train.total_steps, 0.0), built.state.step)
+def _first_check(ctx: Context, built: Built, cap_set: bool) -> tuple[int, str, float | None]:
+    """The budget check before the first step: (exit code or 0, reason, spend). Every rank learns rank 0's
+    verdict, or the others would wait for it forever."""
+    code, reason, spent = 0, "", None
+    if built.budget is not None:
+        built.budget.monitor.note_step(built.state.step, ctx.cfg.train.total_steps, 0.0)
+        decision = built.budget.monitor.check()
+        first = outcome_of(decision, built.state.step)
         if first is not None:
-            code = first[0].exit_code
-            ctx.log(f"{first[0].reason} (before training; exit {code})")
+            code, reason, spent = first[0].exit_code, first[0].reason, decision.spent_usd
+            ctx.log(f"{reason} (before training; exit {code})")
     if cap_set:
         (code,) = distributed.agree_max([code], ctx.world, ctx.device)
+    return code, reason, spent
+
+
+def _stop_before_training(ctx: Context, built: Built, code: int, reason: str, spent: float | None) -> int:
+    status, written = "KILLED", None
+    found = built.resume.found
+    if code == EXIT_BUDGET_CHECKPOINT and found is not None and ctx.world.main:
+        # the run ends at its last checkpoint
+        tag_final(built.tracker, ctx.ckpt_dir, found.path, ck.write_final_files(ctx.ckpt_dir, found.path))
+        status, written = "FINISHED", str(found.path)
+    if built.budget is not None:
+        built.budget.alert_stop(code, reason, spent, written)
+    built.tracker.close(status, spill_dir=ctx.ckpt_dir)
     return code
 
 
 def run_training(ctx: Context, cap_set: bool) -> int:
     built = build_run(ctx)
-    first_code = _first_check(ctx, built, cap_set)
+    first_code, reason, spent = _first_check(ctx, built, cap_set)
     if first_code:  # stop before training: nothing new to checkpoint
-        status = "KILLED"
-        found = built.resume.found
-        if first_code == EXIT_BUDGET_CHECKPOINT and found is not None and ctx.world.main:
-            # the run ends at its last checkpoint
-            tag_final(built.tracker, ctx.ckpt_dir, found.path, ck.write_final_files(ctx.ckpt_dir, found.path))
-            status = "FINISHED"
-        built.tracker.close(status, spill_dir=ctx.ckpt_dir)
-        return first_code
+        return _stop_before_training(ctx, built, first_code, reason, spent)
+    if built.budget is not None:
+        built.budget.watcher.start()
     start_batches(built)
     status = "FAILED"
     try:
@@ -191,6 +217,11 @@ def run_training(ctx: Context, cap_set: bool) -> int:
         status = "FINISHED" if outcome.exit_code in (0, EXIT_BUDGET_CHECKPOINT) else "KILLED"
         built.tracker.set_tags({"end_reason": outcome.reason[:4000], "exit_code": outcome.exit_code})
         ctx.log(f"{outcome.reason} at step {outcome.step}: exit {outcome.exit_code}")
+        if built.budget is not None and outcome.exit_code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
+            last = built.budget.monitor.last
+            written = str(ctx.ckpt_dir / ck.step_dir_name(outcome.step)) \
+                if outcome.exit_code == EXIT_BUDGET_CHECKPOINT else None
+            built.budget.alert_stop(outcome.exit_code, outcome.reason, last.spent_usd if last else None, written)
         return outcome.exit_code
     except Diverged as e:
         built.tracker.set_tags({"diverged_at_step": e.step})
@@ -204,13 +235,19 @@ def run_training(ctx: Context, cap_set: bool) -> int:
         traceback.print_exc()
         return EXIT_UNEXPECTED
     finally:
-        if built.prefetch is not None:
-            built.prefetch.close()
-        try:
-            if built.checkpointer is not None:
-                built.checkpointer.wait()
-        finally:
-            built.tracker.close(status, spill_dir=ctx.ckpt_dir)
+        _close(built, status, ctx.ckpt_dir)
+
+
+def _close(built: Built, status: str, ckpt_dir: Any) -> None:
+    if built.budget is not None:
+        built.budget.close()
+    if built.prefetch is not None:
+        built.prefetch.close()
+    try:
+        if built.checkpointer is not None:
+            built.checkpointer.wait()
+    finally:
+        built.tracker.close(status, spill_dir=ckpt_dir)
 
 
 def main_guarded(opts: TrainOptions) -> tuple[int, str]:

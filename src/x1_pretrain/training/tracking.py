@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core import redact
 from ..core.names import EXPERIMENT
 
 _MAX_BATCH = 1000        # MLflow's limit of metrics per log_batch
@@ -108,7 +109,7 @@ class MlflowTracker:
                 self._run_checked = True
             except Exception as e:
                 if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
-                    _warn(f"run {self.run_id} from the checkpoint is not in {self.uri}; starting a new run")
+                    _warn(f"run {self.run_id} from the checkpoint is not in {redact.url(self.uri)}; starting a new run")
                     self.run_id = None
                     self.resumed = False
                     return self._ensure_run()
@@ -132,7 +133,8 @@ class MlflowTracker:
     def _note_down(self, e: Exception) -> None:
         if self._down_since is None:
             self._down_since = time.monotonic()
-            _warn(f"tracking server {self.uri} unreachable ({type(e).__name__}: {str(e)[:200]}); "
+            why = redact.scrub(str(e), self.uri)[:200]
+            _warn(f"tracking server {redact.url(self.uri)} unreachable ({type(e).__name__}: {why}); "
                   "training continues, metrics are buffered and retried")
 
     # -- public API --
@@ -172,7 +174,8 @@ class MlflowTracker:
             try:
                 self._client.log_artifact(self.run_id, str(path), artifact_path)
             except Exception as e:
-                _warn(f"could not store artifact {path.name} ({type(e).__name__}: {str(e)[:200]})")
+                why = redact.scrub(str(e), self.uri)[:200]
+                _warn(f"could not store artifact {path.name} ({type(e).__name__}: {why})")
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Send everything buffered now; True when the buffer is empty afterwards."""
@@ -208,7 +211,7 @@ class MlflowTracker:
                         f.write(json.dumps({"key": m.key, "value": m.value, "step": m.step,
                                             "timestamp": m.timestamp, "run_id": self.run_id}) + "\n")
                 where = f"; saved to {path}"
-            _warn(f"{len(left)} metrics could not be delivered to {self.uri} before exit{where}")
+            _warn(f"{len(left)} metrics could not be delivered to {redact.url(self.uri)} before exit{where}")
         if self.run_id is not None:
             try:
                 self._client.set_terminated(self.run_id, status=status)

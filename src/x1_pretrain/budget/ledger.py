@@ -1,0 +1,117 @@
+"""The cost ledger: ``<ckpt-dir>/budget_ledger.json``, the budget guard's memory across processes.
+
+It holds what the guard has seen and decided: the spend it used (never decreasing) and when, the rate that
+ages it, the launch rate, the newest valid reading, which alerts were sent, since when the spend has been
+unknown, and a bounded list of events (checks that warned, alerted or stopped; each process start). It is
+written atomically after every check by the trainer's rank 0 (the only writer) and read by the watchdog.
+
+A missing ledger starts from the budget snapshot of the newest checkpoint (older runs), else from nothing;
+an unreadable one is set aside as ``budget_ledger.json.bad-<time>`` and named in a warning, never silently
+replaced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from ..core.fileio import write_text_atomic
+from .guard import Decision, Memory, Snapshot, format_time, parse, parse_time
+
+LEDGER_FILE = "budget_ledger.json"
+FORMAT = "x1-budget-ledger/1"
+MAX_EVENTS = 500
+
+
+def memory_to_json(m: Memory) -> dict[str, Any]:
+    return {
+        "spent_usd": m.spent_usd, "spent_at_utc": format_time(m.spent_at) if m.spent_at else None,
+        "rate_usd_per_hr": m.rate_usd_per_hr, "launch_rate_usd_per_hr": m.launch_rate_usd_per_hr,
+        "last_reading": m.last_good.to_json() if m.last_good else None,
+        "alerts_sent": sorted(m.alerted),
+        "unknown_since_utc": format_time(m.unknown_since) if m.unknown_since else None,
+    }
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
+
+
+def memory_from_json(d: dict[str, Any]) -> Memory:
+    last: Snapshot | None = None
+    if isinstance(d.get("last_reading"), dict):
+        last = parse(d["last_reading"]).snapshot
+    alerted = d.get("alerts_sent") or []
+    return Memory(last_good=last, alerted=frozenset(str(a) for a in alerted if isinstance(a, str)),
+                  unknown_since=parse_time(d.get("unknown_since_utc")), spent_usd=_num(d.get("spent_usd")),
+                  spent_at=parse_time(d.get("spent_at_utc")), rate_usd_per_hr=_num(d.get("rate_usd_per_hr")),
+                  launch_rate_usd_per_hr=_num(d.get("launch_rate_usd_per_hr")))
+
+
+def read(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the ledger's JSON, None), (None, None) when there is none, or (None, the problem)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as e:
+        return None, f"{path} cannot be read ({type(e).__name__}: {e})"
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None, f"{path} is not an x1 budget ledger (format {FORMAT})"
+    return data, None
+
+
+class Ledger:
+    """The ledger file of one checkpoint dir."""
+
+    def __init__(self, ckpt_dir: Path, cap_usd: float, log: Any = print) -> None:
+        self.path = ckpt_dir / LEDGER_FILE
+        self.cap_usd = cap_usd
+        self._log = log
+        self.events: list[dict[str, Any]] = []
+        self.created_utc: str | None = None
+
+    def load(self, fallback: dict[str, Any] | None = None) -> Memory:
+        """The memory in the ledger, else in ``fallback`` (a checkpoint's budget snapshot), else empty."""
+        data, problem = read(self.path)
+        if problem:
+            bad = self.path.with_name(f"{self.path.name}.bad-{int(time.time())}")
+            try:
+                os.replace(self.path, bad)
+            except OSError:
+                bad = self.path
+            self._log(f"budget warning: {problem}; kept as {bad.name}, starting from the checkpoint's snapshot")
+        if data is not None:
+            self.events = [e for e in data.get("events", []) if isinstance(e, dict)][-MAX_EVENTS:]
+            self.created_utc = data.get("created_utc")
+            return memory_from_json(data.get("memory") or {})
+        if fallback and isinstance(fallback.get("memory"), dict):
+            self._log("budget: no ledger yet; starting from the budget snapshot in the checkpoint")
+            return memory_from_json(fallback["memory"])
+        if fallback and isinstance(fallback.get("last_good"), dict):  # checkpoints of x1 before the ledger
+            return Memory(last_good=parse(fallback["last_good"]).snapshot, spent_usd=_num(fallback.get("spent_usd")))
+        return Memory()
+
+    def event(self, now: datetime, kind: str, **detail: Any) -> None:
+        self.events = [*self.events, {"time_utc": format_time(now), "kind": kind, **detail}][-MAX_EVENTS:]
+
+    def record(self, now: datetime, decision: Decision, memory: Memory, step: int) -> None:
+        """Save after a check; a check that warned, alerted or stopped is also an event."""
+        if decision.warnings or decision.alerts or decision.action.value not in ("continue",):
+            self.event(now, decision.action.value, step=step, spent_usd=decision.spent_usd,
+                       projected_usd=decision.projected_usd, reason=decision.reason,
+                       warnings=list(decision.warnings))
+        self.save(now, memory)
+
+    def save(self, now: datetime, memory: Memory) -> None:
+        self.created_utc = self.created_utc or format_time(now)
+        blob = {"format": FORMAT, "cap_usd": self.cap_usd, "created_utc": self.created_utc,
+                "updated_utc": format_time(now), "memory": memory_to_json(memory), "events": self.events}
+        try:
+            write_text_atomic(self.path, json.dumps(blob, indent=1) + "\n")
+        except OSError as e:  # a full disk must not stop the guard: it still has the memory in this process
+            self._log(f"budget warning: cannot write {self.path} ({e.strerror or e})")

@@ -1,0 +1,69 @@
+"""The one piece of arithmetic every dollar figure comes from: what a run costs in all if it trains so many
+more hours, and how many hours (steps) fit under the cap.
+
+``plan`` (before renting), the launch gate (before the first step), the budget guard's projection (during
+the run) and the runbook's numbers all use :class:`Money` and :func:`steps_that_fit` with the same
+assumptions: the bill's fixed lines (disk, egress), the buffer kept for a restart, billed set-up hours
+still to come, and a reserve for the final checkpoint, export and shutdown. Pure: the standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+DEFAULT_MFU = 0.40           # honest MFU assumed when no step time is measured (ERRATA 1; bench/gpu_check.sh)
+DEFAULT_RESERVE_MIN = 10.0   # the final checkpoint, export_run and shutdown, billed after the last step
+
+
+@dataclass(frozen=True)
+class Lines:
+    """The bill's lines besides compute (USD): the lab's egress $1 and disk $2, and a $5 buffer for one restart."""
+
+    egress_usd: float = 1.0
+    disk_usd: float = 2.0
+    buffer_usd: float = 5.0
+
+    @property
+    def fixed(self) -> float:
+        return self.egress_usd + self.disk_usd
+
+
+@dataclass(frozen=True)
+class Money:
+    """Where the money stands: the cap, the rate, the lines, and what is already billed."""
+
+    cap_usd: float
+    rate_usd_per_hr: float
+    lines: Lines = Lines()
+    spent_usd: float = 0.0            # already billed (the sidecar's spent_usd)
+    fixed_in_spent: bool = False      # spent_usd already carries the fixed lines (budget.json has fixed_usd)
+    setup_hours: float = 0.0          # billed hours before the first step that are still to come
+    reserve_min: float = DEFAULT_RESERVE_MIN
+
+    @property
+    def fixed_to_add(self) -> float:
+        return 0.0 if self.fixed_in_spent else self.lines.fixed
+
+    def total_usd(self, training_hours: float, buffer: bool = True) -> float:
+        """The whole bill if the run trains ``training_hours`` more (and keeps the buffer, when asked)."""
+        hours = training_hours + self.setup_hours + self.reserve_min / 60
+        return self.spent_usd + self.fixed_to_add + self.rate_usd_per_hr * hours + \
+            (self.lines.buffer_usd if buffer else 0.0)
+
+    def training_hours_that_fit(self, buffer: bool = True) -> float:
+        if self.rate_usd_per_hr <= 0:
+            return math.inf
+        money = self.cap_usd - self.total_usd(0.0, buffer)
+        return max(money / self.rate_usd_per_hr, 0.0)
+
+
+def steps_that_fit(money: Money, step_s: float, max_training_hours: float | None = None,
+                   buffer: bool = True) -> int:
+    """Optimizer steps of ``step_s`` seconds that fit in the money (and in ``max_training_hours``)."""
+    hours = money.training_hours_that_fit(buffer)
+    if max_training_hours is not None:
+        hours = min(hours, max(max_training_hours, 0.0))
+    if not math.isfinite(hours):
+        raise ValueError("no limit: the rate is not positive and no time window is given")
+    return math.floor(hours * 3600 / step_s + 1e-9)
