@@ -222,7 +222,8 @@ def test_budget_falls_back_to_the_checkpoint_snapshot(built, capsys):
     state, _ = ck.verify(built.ckpt / "step_0000006")
     run.tags["budget_source"] = str(built.root / "gone.json")
     dollars, _ = manifest._dollars(run, state, None, None)
-    assert dollars["spent_usd"] == pytest.approx(SPENT_IN_CHECKPOINT, abs=0.01) and "trainer_state.json" in dollars["source"]
+    assert dollars["spent_usd"] == pytest.approx(SPENT_IN_CHECKPOINT, abs=0.01)
+    assert "trainer_state.json" in dollars["source"]
     assert "gone.json does not exist" in capsys.readouterr().out
     with pytest.raises(X1Error, match="--budget-json"):
         manifest._dollars(run, state, None, str(built.root / "gone.json"))
