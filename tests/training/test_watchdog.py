@@ -1,16 +1,22 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 from x1_pretrain import watchdog as W_cli
+from x1_pretrain.training import checkpoint as ck
 from x1_pretrain.training import watchdog as W
 
+from ..conftest import REPO
 from ..procs import progress_step, run_info, start, train_cmd, wait_for
+from ..servers import JsonServer, wait_until
 
 
 def fake_trainer(tmp_path, codes: list[int], progress: bool = True) -> list[str]:
@@ -93,8 +99,6 @@ def test_preempted_trainer_is_resumed_and_the_curve_is_continuous(demo_data, tmp
     proc = start(cmd, tmp_path / "out.log")
     wait_for(lambda: progress_step(ckpt) >= 5, proc=proc)
     trainer_pid = json.loads((ckpt / "progress.json").read_text())["pid"]
-    import os
-
     os.kill(trainer_pid, signal.SIGTERM)
     assert proc.wait(timeout=180) == 0, (tmp_path / "out.log").read_text()[-3000:]
     events = [json.loads(line) for line in log.read_text().splitlines()]
@@ -108,14 +112,93 @@ def test_preempted_trainer_is_resumed_and_the_curve_is_continuous(demo_data, tmp
     assert steps == list(range(1, 17))
 
 
-def test_sigterm_to_the_watchdog_is_forwarded_and_not_relaunched(demo_data, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_or_a_closed_terminal_to_the_watchdog_is_forwarded_and_not_relaunched(demo_data, tmp_path, sig):
     ckpt = tmp_path / "c"
     cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--",
            *train_cmd(demo_data, ckpt, 500)]
     proc = start(cmd, tmp_path / "out.log")
     wait_for(lambda: progress_step(ckpt) >= 2, proc=proc)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     assert proc.wait(timeout=60) == 75
     out = (tmp_path / "out.log").read_text()
     assert "forwarding to the trainer" in out and "not relaunching" in out
     assert (ckpt / "latest").exists()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie is gone for our purpose (its parent, the killed watchdog, cannot reap it)
+    try:
+        return open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_trainer_does_not_outlive_its_watchdog(demo_data, tmp_path):
+    """SIGKILL the watchdog (nothing can forward anything): the trainer notices and stops with a checkpoint."""
+    ckpt = tmp_path / "c"
+    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--", *train_cmd(demo_data, ckpt, 2000)]
+    proc = start(cmd, tmp_path / "out.log")
+    wait_for(lambda: progress_step(ckpt) >= 2, proc=proc)
+    trainer = json.loads((ckpt / "progress.json").read_text())["pid"]
+    proc.kill()
+    proc.wait()
+    assert wait_until(lambda: _gone(trainer), timeout=60), "the trainer kept running without its watchdog"
+    status = ck.read_exit_status(ckpt)
+    assert status["exit_code"] == 75 and (ckpt / "latest").exists()
+
+
+def test_a_crash_loop_is_not_relaunched_forever(tmp_path):
+    log = tmp_path / "events.jsonl"
+    code = run_watchdog(fake_trainer(tmp_path, [1, 1, 1, 1, 0], progress=False), "--log-file", str(log))
+    assert code == 1 and len(calls(tmp_path)) == 2       # the relaunch got no further: stop there
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert events[-1]["event"] == "crash_loop"
+
+
+def test_a_stopped_trainer_cannot_spend_past_the_cap(demo_data, tmp_path):
+    """The trainer is SIGSTOPped (its own watcher cannot run); the spend passes the cap; the watchdog reads the
+    budget itself, ends the trainer's process group, alerts and exits 4 without relaunching."""
+    hook = JsonServer()
+    hook.route("/hook", {"ok": True})
+    ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
+    _budget(budget, 10.0)
+    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--budget-poll-s", "0.3", "--budget-kill-grace-s", "2",
+           "--log-file", str(tmp_path / "events.jsonl"), "--",
+           *train_cmd(demo_data, ckpt, 2000, "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget),
+                      "--budget-check-every-min", "60", "--force-launch")]
+    env = {**os.environ, "X1_SLACK_WEBHOOK_URL": hook.base + "/hook"}
+    with open(tmp_path / "out.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: progress_step(ckpt) >= 2, proc=proc)
+        trainer = json.loads((ckpt / "progress.json").read_text())["pid"]
+        os.kill(trainer, signal.SIGSTOP)
+        _budget(budget, 36.0)
+        crossed = time.monotonic()
+        assert proc.wait(timeout=60) == 4, (tmp_path / "out.log").read_text()[-3000:]
+        took = time.monotonic() - crossed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        hook.close()
+    assert took < 0.3 + 2 + 5, f"{took:.1f} s"        # one poll + the kill grace (+ slack for a busy machine)
+    assert wait_until(lambda: _gone(trainer), timeout=10)
+    out = (tmp_path / "out.log").read_text()
+    assert "ending the trainer's process group" in out and "relaunching with" not in out
+    assert any("budget stop (exit 4)" in (b or {}).get("text", "") for b in hook.bodies("/hook"))
+    assert ck.read_exit_status(ckpt)["exit_code"] == 4
+
+
+def _budget(path, spent: float) -> None:
+    from datetime import datetime, timezone
+
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.1, "hours_elapsed": 1,
+                               "projected_total_usd": spent, "fixed_usd": {"disk_usd": 0, "egress_usd": 0},
+                               "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
+    tmp.replace(path)

@@ -127,9 +127,8 @@ class Watchdog:
     def _forward(self, signum: int, _frame: Any) -> None:
         if self.stop_signal is None:
             self.stop_signal = signum
-            self.log(f"{signal.Signals(signum).name} received: forwarding SIGTERM to the trainer and waiting for "
-                     "its checkpoint" if signum == signal.SIGHUP else
-                     f"{signal.Signals(signum).name} received: forwarding to the trainer and waiting for its "
+            how = " as SIGTERM (the terminal closed?)" if signum == signal.SIGHUP else ""
+            self.log(f"{signal.Signals(signum).name} received: forwarding to the trainer{how} and waiting for its "
                      "checkpoint")
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from x1_pretrain.core import redact
+
+
+def test_userinfo_query_values_and_fragments_are_masked():
+    url = "https://alice:pa55word@billing.example.com:8443/budget.json?token=abc123secret&x=1#frag"
+    shown = redact.url(url)
+    assert shown == "https://***@billing.example.com:8443/budget.json?token=***&x=***#***"
+    for secret in ("alice", "pa55word", "abc123secret"):
+        assert secret not in shown
+
+
+def test_paths_and_plain_urls_are_unchanged():
+    assert redact.url("/workspace/budget.json") == "/workspace/budget.json"
+    assert redact.url("file:///workspace/mlruns") == "file:///workspace/mlruns"
+    assert redact.url("http://host:5000") == "http://host:5000"
+    assert redact.url(None) is None
+
+
+def test_free_text_is_scrubbed_of_a_urls_secrets():
+    url = "http://u:topsecret@h/b.json?token=abcdef"
+    msg = "HTTPError: 401 for http://u:topsecret@h/b.json?token=abcdef (token abcdef rejected)"
+    out = redact.scrub(msg, url)
+    assert "topsecret" not in out and "abcdef" not in out and "401" in out

@@ -1,0 +1,62 @@
+"""Secrets never leave the process: a budget URL with a token in its query and userinfo, and a Slack webhook
+whose path is the credential, are grep-clean across every output of a run (console, MLflow store, checkpoint
+dir, ledger, exit status, the exported bundle) and of the watchdog."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .conftest import REPO
+from .procs import train_cmd
+from .servers import JsonServer
+
+TOKEN = "tok-3f9a-SECRET-budget"
+PASSWORD = "pw-77-SECRET-user"
+HOOK_SECRET = "T000-B000-SECRET-hook"
+
+
+def _files(*dirs: Path):
+    for d in dirs:
+        for p in d.rglob("*"):
+            if p.is_file():
+                yield p
+
+
+def test_no_output_of_a_run_holds_a_secret(demo_data, tmp_path):
+    api = JsonServer()
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    api.route("/budget.json", {"spent_usd": 31.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 1,
+                               "projected_total_usd": 31.5, "last_update_utc": stamp})   # above the alert line
+    api.route(f"/services/{HOOK_SECRET}", {"ok": True})
+    host = api.base.removeprefix("http://")
+    source = f"http://x1:{PASSWORD}@{host}/budget.json?token={TOKEN}"
+    ckpt, mlruns, bundle = tmp_path / "c", tmp_path / "mlruns", tmp_path / "bundle"
+    env = {**os.environ, "X1_SLACK_WEBHOOK_URL": f"{api.base}/services/{HOOK_SECRET}"}
+    try:
+        cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--budget-poll-s", "0.5", "--",
+               *train_cmd(demo_data, ckpt, 6, "--mlflow-uri", mlruns.as_uri(), "--budget-cap-usd", "35",
+                          "--budget-curr-cost-uri", source, "--budget-check-every-min", "0.01", "--force-launch",
+                          ckpt_every=3)]
+        r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        e = subprocess.run([sys.executable, "-m", "x1_pretrain.export_run", "--mlflow-uri", mlruns.as_uri(),
+                            "--output", str(bundle)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert e.returncode == 0, e.stderr[-3000:]
+    finally:
+        api.close()
+    # the secrets were really used: the source was read with them, and the alert went to the hook
+    assert any(TOKEN in path for _, path, _, _ in api.requests)
+    assert any(HOOK_SECRET in path for _, path, _, _ in api.requests)
+    outputs = {"train/watchdog console": r.stdout + r.stderr, "export console": e.stdout + e.stderr}
+    for p in _files(ckpt, mlruns, bundle):
+        outputs[str(p)] = p.read_bytes().decode("utf-8", "replace")
+    leaks = [(where, s) for where, text in outputs.items() for s in (TOKEN, PASSWORD, HOOK_SECRET) if s in text]
+    assert not leaks, leaks
+    # and what they were replaced by is still useful
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert f"http://***@{host}/budget.json?token=***" in manifest["dollars"]["source"]

@@ -1,0 +1,151 @@
+"""The budget guard inside the trainer: its watcher thread acts whatever the training thread is doing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from x1_pretrain.budget.guard import Action, Limits
+from x1_pretrain.budget.ledger import LEDGER_FILE
+from x1_pretrain.core.errors import EXIT_BUDGET_NOW
+from x1_pretrain.training import checkpoint as ck
+from x1_pretrain.training.budget import BudgetControl, BudgetSetup, stop_message
+from x1_pretrain.training.options import BudgetOptions
+
+from ..conftest import REPO
+from ..procs import train_cmd
+
+
+def budget_json(path: Path, spent: float, projected: float | None = None, rate: float = 1.10) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": rate, "hours_elapsed": 1.0,
+                               "projected_total_usd": spent if projected is None else projected,
+                               "fixed_usd": {"disk_usd": 0.0, "egress_usd": 0.0},
+                               "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
+    tmp.replace(path)
+
+
+class Alerts:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def channels(self) -> list[str]:
+        return ["test"]
+
+    def send_within(self, subject: str, body: str, deadline_s: float = 20.0) -> dict:
+        self.sent.append((subject, body))
+        return {}
+
+
+def test_projected_over_the_cap_without_a_step_boundary_exits_4_and_says_so(tmp_path):
+    budget = tmp_path / "budget.json"
+    budget_json(budget, 20.0, projected=40.0)
+    alerts = Alerts()
+    setup = BudgetSetup(BudgetOptions(35.0, str(budget), stop_wait_s=0.3), Limits(35.0, 30.0), alerts)
+    control = BudgetControl(setup, tmp_path, lambda m: None, None)
+    exited = threading.Event()
+    codes: list[int] = []
+    control._exit = lambda code: (codes.append(code), exited.set())
+    decision = control.monitor.check()
+    assert decision.action == Action.CHECKPOINT_AND_EXIT
+    control.on_verdict(decision)             # the loop never reaches a step boundary ...
+    assert exited.wait(5) and codes == [EXIT_BUDGET_NOW]
+    status = ck.read_exit_status(tmp_path)
+    assert status["exit_code"] == 4 and "no step boundary came within 0.3 s" in status["reason"]
+    subject, body = alerts.sent[-1]
+    assert "exit 4" in subject and "No checkpoint was written" in body and "TERMINATE" in body
+    events = json.loads((tmp_path / LEDGER_FILE).read_text())["events"]
+    assert events[-1]["kind"] == "budget_stop" and events[-1]["exit_code"] == 4
+
+
+def test_a_boundary_in_time_cancels_the_timer_and_checkpoints():
+    class Run:
+        checkpointer = None
+
+        class cfg:
+            class train:
+                total_steps = 10
+
+    class State:
+        step = 3
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        budget = Path(d) / "budget.json"
+        budget_json(budget, 20.0, projected=40.0)
+        setup = BudgetSetup(BudgetOptions(35.0, str(budget), stop_wait_s=0.5), Limits(35.0, 30.0), Alerts())
+        control = BudgetControl(setup, Path(d), lambda m: None, None)
+        codes: list[int] = []
+        control._exit = codes.append
+        control.on_verdict(control.monitor.check())
+        outcome, checkpoint = control.after_step(Run, State, {})
+        time.sleep(0.8)
+        assert (outcome.exit_code, checkpoint, codes) == (3, True, [])
+
+
+def test_stop_messages_say_what_to_do_next():
+    s, b = stop_message(3, "budget: projected $36", 35.0, 30.5, "/ckpt/step_0001000")
+    assert "exit 3" in s and "$30.50 of $35.00" in s and "/ckpt/step_0001000" in b and "export_run" in b
+
+
+def test_spend_over_the_cap_during_a_cold_compile_exits_4_within_seconds(demo_data, tmp_path):
+    """The lab's "torch.compile hangs on the first step": the training thread is inside a cold compile when
+    the spend passes the cap; the watcher thread ends the process anyway."""
+    ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
+    budget_json(budget, 10.0)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    cmd = train_cmd(demo_data, ckpt, 5, "--compile", "--budget-cap-usd", "35", "--budget-curr-cost-uri",
+                    str(budget), "--budget-check-every-min", "0.01", "--force-launch")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out: list[str] = []
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if "torch.compile mode=" in line:
+                break
+        time.sleep(1.0)                       # well into the compile of the first step
+        budget_json(budget, 36.0)
+        crossed = time.monotonic()
+        out.append(proc.communicate(timeout=120)[0])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    took = time.monotonic() - crossed
+    text = "".join(out)
+    assert proc.returncode == 4, text[-3000:]
+    assert took < 10.0, f"{took:.1f} s from the crossing to the exit"
+    assert not (ckpt / "progress.json").exists(), "the first step never finished: the exit came mid-compile"
+    assert "spent $36" in text and ck.read_exit_status(ckpt)["exit_code"] == 4
+
+
+def test_unknown_spend_is_counted_across_restarts(demo_data, tmp_path):
+    """No budget.json ever appears. Each process starts with the ledger's "unknown since"; a later process
+    stops at start once that moment is older than the grace, however young the process itself is."""
+    ckpt, budget = tmp_path / "c", tmp_path / "no-budget.json"
+    base = ["--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget), "--budget-check-every-min", "60",
+            "--resume-from-latest", "--set", "checkpoint.async_save=false"]
+    first = subprocess.run(train_cmd(demo_data, ckpt, 2, *base, "--budget-unknown-grace-min", "60", ckpt_every=1),
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout[-2000:]
+    since = json.loads((ckpt / LEDGER_FILE).read_text())["memory"]["unknown_since_utc"]
+    assert since is not None
+    second = subprocess.run(train_cmd(demo_data, ckpt, 4, *base, "--budget-unknown-grace-min", "60",
+                                      "--allow-config-change", ckpt_every=1),
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0 and json.loads((ckpt / LEDGER_FILE).read_text())["memory"][
+        "unknown_since_utc"] == since, "a new process does not restart the clock"
+    began = datetime.fromisoformat(since.replace("Z", "+00:00"))
+    waited_min = (datetime.now(timezone.utc) - began).total_seconds() / 60
+    grace = waited_min / 2           # far longer than a fresh process would have waited at its first check
+    third = subprocess.run(train_cmd(demo_data, ckpt, 6, *base, "--budget-unknown-grace-min", f"{grace:.4f}",
+                                     "--allow-config-change", ckpt_every=1),
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 3, third.stdout[-2000:] + third.stderr[-2000:]
+    assert "spend unknown" in third.stdout and "before training" in third.stdout
+    assert (ckpt / "final.safetensors").exists()  # the run ends at its last checkpoint
