@@ -15,6 +15,7 @@ def test_paths_and_plain_urls_are_unchanged():
     assert redact.url("/workspace/budget.json") == "/workspace/budget.json"
     assert redact.url("file:///workspace/mlruns") == "file:///workspace/mlruns"
     assert redact.url("http://host:5000") == "http://host:5000"
+    assert redact.url("sqlite:////tmp/c/mlflow.db") == "sqlite:////tmp/c/mlflow.db"
     assert redact.url(None) is None
 
 

@@ -19,6 +19,8 @@ def url(text: str | None) -> str | None:
         parts = urlsplit(text)
     except ValueError:
         return MASK
+    if "@" not in parts.netloc and not parts.query and not parts.fragment:
+        return text  # nothing secret (and sqlite:////abs/path keeps its four slashes)
     netloc = parts.netloc
     if "@" in netloc:
         netloc = f"{MASK}@{netloc.rpartition('@')[2]}"
