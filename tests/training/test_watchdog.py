@@ -202,3 +202,23 @@ def _budget(path, spent: float) -> None:
                                "projected_total_usd": spent, "fixed_usd": {"disk_usd": 0, "egress_usd": 0},
                                "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
     tmp.replace(path)
+
+
+def test_the_watchdog_ends_the_bill_only_when_the_run_is_over(tmp_path, monkeypatch):
+    api = JsonServer()
+    api.route("/api/v1/instances", {"data": [{"id": "inst-a", "status": "active", "instance_type": {
+        "name": "gpu_1x_a100", "price_cents_per_hour": 110}}]})
+    api.route("/api/v1/instance-operations/terminate", {"data": {"terminated_instances": [{"id": "inst-a"}]}})
+    monkeypatch.setenv("LAMBDA_API_KEY", "sk-test")
+    end = ["--terminate-on-exit", "lambda", "--provider-base-url", api.base, "--export-to", str(tmp_path / "out")]
+    try:
+        # a crash loop is not the end of the run: the instance stays for a person to look at
+        assert run_watchdog(fake_trainer(tmp_path, [1, 1], progress=False), *end) == 1
+        assert api.bodies("/api/v1/instance-operations/terminate") == []
+        # a budget stop without a checkpoint is: the export fails (nothing to export), the bill ends anyway
+        (tmp_path / "calls.jsonl").unlink()
+        assert run_watchdog(fake_trainer(tmp_path, [4]), *end) == 4
+        assert api.bodies("/api/v1/instance-operations/terminate") == [{"instance_ids": ["inst-a"]}]
+    finally:
+        api.close()
+    assert W_cli.main(["--terminate-on-exit", "lambda", "--", "x"]) == 2   # --export-to is required
