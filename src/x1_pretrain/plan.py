@@ -13,13 +13,15 @@ et al. (2022)'s fit, shown with its constants and the caveat that it was fitted 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-from .budget.money import DEFAULT_MFU, DEFAULT_RESERVE_MIN, Lines
+from .budget.money import DEFAULT_MFU, DEFAULT_RESERVE_MIN, Lines, steps_that_fit
 from .budget.plan_text import render
-from .budget.planner import GPUS, Ask, make_plan
+from .budget.planner import GPUS, Ask, Plan, make_plan
 from .core import config as C
 from .core.cli import guarded
+from .training.schedule import planned
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--egress-usd", type=float, default=1.0, help="storage egress line (default $1)")
     p.add_argument("--disk-usd", type=float, default=2.0, help="persistent disk line (default $2)")
     p.add_argument("--buffer-usd", type=float, default=5.0, help="buffer for one restart (default $5)")
+    p.add_argument("--fit-to-budget", action="store_true",
+                   help="--total-steps is an upper bound: show the schedule fitted to the money (wsd)")
     p.add_argument("--reserve-min", type=float, default=DEFAULT_RESERVE_MIN,
                    help=f"final checkpoint, export and shutdown after the last step (default {DEFAULT_RESERVE_MIN:g})")
     return p
@@ -61,9 +65,33 @@ def main(argv: list[str] | None = None) -> int:
         source = ("--total-steps" if args.total_steps else f"{args.hours:g} h" if args.hours
                   else "train.total_steps in the config")
         print(render(plan, str(args.config), source))
+        if args.fit_to_budget:
+            print("\n" + fitted_text(plan))
         return 0
 
     return guarded(body)
+
+
+def fitted_text(plan: Plan) -> str:
+    """What --fit-to-budget would make of these inputs: the end the money reaches and where the decay starts."""
+    optim = plan.config.optim
+    if optim.schedule != "wsd":
+        optim = dataclasses.replace(optim, schedule="wsd")
+    # like the trainer: no buffer kept aside (a restart's cost is re-fitted when it happens), the window kept
+    end = min(plan.steps, steps_that_fit(plan.money, plan.step_s, plan.max_hours, buffer=False))
+    if end <= 0:
+        return "fitted to the budget: nothing fits (the fixed lines and the reserve exceed the cap)"
+    h = planned(end, optim)
+    hours = end / plan.steps_per_hour
+    note = "" if plan.config.optim.schedule == "wsd" else " (the config's schedule is " \
+        f"{plan.config.optim.schedule!r}: train with --set optim.schedule=wsd)"
+    how = f"--fit-to-budget, wsd, decay {optim.decay_fraction:.0%} {optim.decay_shape}"
+    return (f"fitted to the budget ({how}){note}:\n"
+            f"  expected end: step {end:,} of at most {plan.steps:,} ({end * plan.tokens_per_step / 1e9:,.2f}B "
+            f"tokens, {hours:,.1f} h, ${plan.total_usd(hours, buffer=False):,.2f} in all, no buffer kept: a "
+            "restart's cost is re-fitted when it happens)\n"
+            f"  decay: from step {h.decay_start:,} to min_lr {optim.min_lr:g} at step {end:,}\n"
+            "  the end follows the money at every budget check (the price, the measured speed, restarts)")
 
 
 if __name__ == "__main__":

@@ -207,3 +207,16 @@ def test_budget_flag_errors_are_usage_errors(tmp_path, capsys):
     assert train.main([*base, "--budget-cap-usd", "35", "--budget-alert-usd", "40",
                        "--budget-curr-cost-uri", "b.json"]) == 2
     assert "must be below --budget-cap-usd" in capsys.readouterr().err
+
+
+def test_with_fit_to_budget_the_gate_says_what_it_expects_instead_of_refusing(demo_data, tmp_path, webhook, capsys):
+    budget = tmp_path / "budget.json"
+    write_budget(budget, 0.5, 20.0, rate=1.10)
+    base = ["--config", str(TINY), "--data-dir", str(demo_data), "--ckpt-dir", str(tmp_path / "c"), *FAST,
+            "--total-steps", "84000", "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget),
+            "--expected-step-s", "2.13", "--dry-run-budget"]
+    assert train.main(base) == 3                      # the lab's 84,000 steps do not fit: refused
+    assert "--fit-to-budget to end the schedule where the money ends" in capsys.readouterr().out
+    assert train.main([*base, "--fit-to-budget", "--set", "optim.schedule=wsd"]) == 0
+    out = capsys.readouterr().out
+    assert "--fit-to-budget: expect to reach about step" in out and "of at most 84,000" in out and "READY" in out

@@ -138,3 +138,16 @@ def test_plan_and_the_launch_gate_print_the_same_what_fits_number(cfg, tmp_path,
     code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24")
     best = out.split("the largest run inside both: ")[1].split(" steps")[0]
     assert f"--total-steps {best.replace(',', '')}" in runbook, "the runbook's step count is plan's (same inputs)"
+
+
+def test_plan_shows_the_schedule_fitted_to_the_budget(capsys):
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--total-steps", "84000",
+                       "--max-hours", "48", "--fit-to-budget")
+    assert code == 0
+    fitted = out.split("fitted to the budget")[1]
+    end = int(fitted.split("expected end: step ")[1].split(" ")[0].replace(",", ""))
+    # (35 - 3 fixed - 0.18 reserve) / 1.10 h at MFU 0.40 = 28.9 h, inside the 48 h window; no buffer kept
+    assert 40_000 < end < 41_500 and "of at most 84,000" in fitted and "$35.00 in all" in fitted
+    start = int(fitted.split("decay: from step ")[1].split(" ")[0].replace(",", ""))
+    assert start == end - int(-(-0.2 * end // 1))       # the last 20 % (rounded up) decays
+    assert "train with --set optim.schedule=wsd" in fitted  # the lab config is cosine

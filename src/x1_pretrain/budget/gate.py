@@ -24,6 +24,7 @@ class Plan:
     steps_done: int
     step_s: float | None                # expected seconds per optimizer step (None: unknown)
     resumed: bool = False               # a relaunch: the hint must name --allow-config-change
+    fit_to_budget: bool = False         # total_steps is an upper bound; the end follows the money
 
     @property
     def hours_left(self) -> float | None:
@@ -51,6 +52,19 @@ def fitting_steps(snapshot: Snapshot, plan: Plan, limits: Limits) -> int | None:
     return plan.steps_done + steps_that_fit(money_at(snapshot, limits), plan.step_s)
 
 
+def expectation(reading: Reading, plan: Plan, limits: Limits) -> str | None:
+    """With --fit-to-budget: what the run expects to reach at launch (None when unknown)."""
+    snap = reading.snapshot
+    fit = fitting_steps(snap, plan, limits) if snap is not None else None
+    if snap is None or fit is None:
+        return None
+    end = min(fit, plan.total_steps)
+    cost = money_at(snap, limits).total_usd(max(end - plan.steps_done, 0) * (plan.step_s or 0.0) / 3600)
+    return (f"--fit-to-budget: expect to reach about step {end:,} of at most {plan.total_steps:,} "
+            f"(${cost:.2f} in all with the ${limits.lines.buffer_usd:.2f} buffer; the end follows the money "
+            "at every check)")
+
+
 def gate_problems(reading: Reading, plan: Plan, limits: Limits, max_rate: float) -> list[str]:
     """Reasons not to start at all (each with what to do instead); empty when launching is fine."""
     snap = reading.snapshot
@@ -62,6 +76,13 @@ def gate_problems(reading: Reading, plan: Plan, limits: Limits, max_rate: float)
                    "launch; wait 4 hours and check again (RunPod community at ~$0.79/h is an acceptable fallback), "
                    "or --force-launch")
     total = planned_total(snap, plan, limits)
+    if plan.fit_to_budget:
+        fit = fitting_steps(snap, plan, limits)
+        if fit is not None and fit <= plan.steps_done:
+            out.append(f"--fit-to-budget: not even one more step fits (spent ${snap.spent_usd:.2f} of "
+                       f"${limits.cap_usd:.2f}, with the reserve, fixed lines and the ${limits.lines.buffer_usd:.2f} "
+                       "buffer); raise the cap or --force-launch")
+        return out
     if total is not None and total > limits.cap_usd:
         fit = fitting_steps(snap, plan, limits)
         lower = "lower --total-steps" + (" (with --allow-config-change: this resumes a run)" if plan.resumed else "")
@@ -99,6 +120,8 @@ def dry_run(source: str, limits: Limits, plan: Plan, max_rate: float, alerter: A
             failures.append("plan: the expected step time is unknown; pass --expected-step-s (measure it, e.g. "
                             "with bench/gpu_check.sh) so the cost of the run can be checked")
             log("plan: step time unknown: FAIL")
+        elif plan.fit_to_budget:
+            log(f"plan: {expectation(reading, plan, limits)}: OK")
         else:
             log(f"plan: {plan.total_steps - plan.steps_done:,} steps x {plan.step_s:.2f} s = {plan.hours_left:.1f} h "
                 f"x ${snap.rate_usd_per_hr:.2f}/h, with spent ${snap.spent_usd:.2f}, reserve, fixed lines and buffer: "

@@ -132,6 +132,7 @@ class Decision:
     alerts: tuple[str, ...] = ()        # messages to send now (each fires once per crossing)
     warnings: tuple[str, ...] = ()      # faults to log now
     rate_usd_per_hr: float | None = None  # the rate the estimate ages at
+    cause: str = ""                     # why it stops: "cap" (spent), "projection" or "unknown"; "" otherwise
 
 
 def _hours(d: timedelta) -> float:
@@ -353,5 +354,7 @@ def money_now(limits: Limits, memory: Memory, spent: float, progress: Progress |
 
 def _decision(notes: _Notes, action: Action, reason: str, spent: float | None, projected: float | None,
               own: float | None, file_proj: float | None) -> tuple[Decision, Memory]:
+    cause = {Action.EXIT_NOW: "cap", Action.CHECKPOINT_AND_EXIT: "unknown" if reason.startswith("spend unknown")
+             else "projection"}.get(action, "")
     return Decision(action, reason, spent, projected, own, file_proj, tuple(notes.alerts), tuple(notes.warnings),
-                    notes.memory.rate_usd_per_hr), notes.memory
+                    notes.memory.rate_usd_per_hr, cause), notes.memory

@@ -39,11 +39,12 @@ class BudgetMonitor:
     ledger when one is given, so it survives restarts. Side effects come in as callables (tests fake them)."""
 
     def __init__(self, source: str, limits: Limits, effects: Effects | None = None, ledger: Ledger | None = None,
-                 fallback: dict[str, Any] | None = None) -> None:
+                 fallback: dict[str, Any] | None = None, fit_mode: bool = False) -> None:
         fx = effects or Effects()
         self.source = source
         self.limits = limits
         self._fx = fx
+        self.fit_mode = fit_mode          # --fit-to-budget: a projection over the cap moves the end, not a stop
         self.ledger = ledger
         self.memory = ledger.load(fallback) if ledger is not None else Memory()
         self.last: Decision | None = None
@@ -100,8 +101,9 @@ class BudgetMonitor:
                 self._fx.metrics(self.steps_done, values)
         spent = f"${decision.spent_usd:.2f}" if decision.spent_usd is not None else "unknown"
         proj = f"${decision.projected_usd:.2f}" if decision.projected_usd is not None else "unknown"
-        self._fx.log(f"budget check: spent {spent}, projected {proj}, cap ${self.limits.cap_usd:.2f} -> "
-                     f"{decision.action.value}")
+        action = "fit the end to the money" if self.fit_mode and decision.cause == "projection" \
+            else decision.action.value
+        self._fx.log(f"budget check: spent {spent}, projected {proj}, cap ${self.limits.cap_usd:.2f} -> {action}")
         for message in decision.alerts:
             if self._fx.send_alert is not None:
                 self._fx.send_alert(f"x1 budget: {message[:80]}", message)

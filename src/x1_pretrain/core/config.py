@@ -61,7 +61,9 @@ class OptimConfig:
     lr: float = 3e-4                 # peak learning rate
     min_lr: float = 3e-5             # cosine floor
     warmup_steps: int = 1000         # linear warmup from lr/warmup_steps to lr
-    schedule: Literal["cosine", "constant"] = "cosine"
+    schedule: Literal["cosine", "constant", "wsd"] = "cosine"   # wsd: warmup-stable-decay (training/schedule.py)
+    decay_fraction: float = 0.2      # wsd: the share of the run spent decaying to min_lr
+    decay_shape: Literal["linear", "1-sqrt", "cosine"] = "1-sqrt"  # wsd: the decay's shape
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
@@ -88,6 +90,7 @@ class TrainConfig:
     ckpt_every: int = 1800           # steps between checkpoints
     prefetch: int = 4                # batches prepared ahead by the loader thread
     min_tokens_per_s: float | None = None  # stop (exit 6) when the warm mean falls below this
+    fit_to_budget: bool = False      # total_steps becomes an upper bound; the end follows the money (wsd only)
     throughput_window: int = 50      # steps in the warm throughput window
 
 
@@ -260,6 +263,11 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
         p.append(f"optim.lr: must be positive, got {o.lr}")
     if not 0 <= o.min_lr <= o.lr:
         p.append(f"optim.min_lr: must be in [0, optim.lr={o.lr}], got {o.min_lr}")
+    if not 0 < o.decay_fraction <= 1:
+        p.append(f"optim.decay_fraction: must be in (0, 1], got {o.decay_fraction}")
+    if t.fit_to_budget and o.schedule != "wsd":
+        p.append(f"train.fit_to_budget: needs optim.schedule 'wsd', not {o.schedule!r} (a cosine's shape depends on "
+                 "a total that is not known in advance); use --set optim.schedule=wsd")
     if o.warmup_steps < 0:
         p.append(f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
     for key in ("beta1", "beta2"):

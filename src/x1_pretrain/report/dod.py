@@ -138,7 +138,11 @@ def check_spend(m: dict[str, Any] | None, cap: float) -> Check:
         return Check(4, name, False, "spend not recorded in manifest.json" + (f": {source}" if source else ""))
     source = _get(m, "dollars.source") or "manifest.json"
     ok = spent <= cap
-    return Check(4, name, ok, f"{_money(spent)} {'<=' if ok else '>'} {_money(cap)} (from {source})")
+    fitted = ""
+    if _get(m, "progress.fit_to_budget"):
+        fitted = (f"; fitted to the budget: {_get(m, 'progress.steps')} steps of at most "
+                  f"{_get(m, 'progress.total_steps')}, annealed from step {_get(m, 'progress.decay_start_step')}")
+    return Check(4, name, ok, f"{_money(spent)} {'<=' if ok else '>'} {_money(cap)} (from {source}){fitted}")
 
 
 def check_postmortem(run_dir: Path) -> Check:

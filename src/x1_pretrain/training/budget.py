@@ -6,7 +6,11 @@ checks on its own clock, and what each verdict does.
 * projected above the cap → the loop is asked to stop at the next step boundary with a checkpoint (exit 3);
   when no boundary comes within ``stop_wait_s``, the process exits 4 without a checkpoint and says so;
 * every budget stop alerts through every configured channel with the spend, the cap, the reason, the
-  checkpoint written and what to do next.
+  checkpoint written and what to do next;
+* with ``--fit-to-budget`` a projection over the cap is not a stop: each check computes how many more steps
+  the money left (and ``--max-hours``) pays for at the measured step time and moves the schedule's end there
+  (the loop applies it at the next step boundary, on every rank); only when not even one step fits does the
+  run stop with a checkpoint (exit 3).
 """
 
 from __future__ import annotations
@@ -14,20 +18,24 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..budget.guard import Action, Decision, Limits
+from ..budget.guard import Action, Decision, Limits, Progress, money_now
 from ..budget.ledger import Ledger
+from ..budget.money import steps_that_fit
 from ..budget.monitor import BudgetMonitor, Effects
 from ..budget.watcher import BudgetWatcher
 from ..core import redact
+from ..core.config import OptimConfig
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW
 from . import checkpoint as ck
 from .loop import Outcome
 from .options import BudgetOptions
+from .schedule import Horizon, fitted_end, planned, retarget
 
 Log = Callable[[str], None]
 ALERT_DEADLINE_S = 15.0
@@ -65,15 +73,32 @@ def stop_message(code: int, reason: str, cap_usd: float, spent: float | None,
     return subject, f"Reason: {reason}\nSpent: {spent_s}; cap: ${cap_usd:.2f}.\n{after}"
 
 
+@dataclass(frozen=True)
+class FitContext:
+    """What ``--fit-to-budget`` needs besides the money: the bound, the schedule and the clock."""
+
+    total_steps: int                  # the upper bound (--total-steps)
+    optim: OptimConfig
+    expected_step_s: float | None     # until the speed is measured (--expected-step-s, or the GPU peak)
+    max_hours: float | None = None    # the run's wall-clock window
+    wall_before_s: float = 0.0        # wall clock of the run's earlier processes
+    started: float = field(default_factory=time.monotonic)
+
+
 class BudgetControl:
-    """The guard of one trainer process; ``hook`` is what the loop sees after each step."""
+    """The guard of one trainer process; ``after_step`` is what the loop sees after each step."""
 
     def __init__(self, setup: BudgetSetup, ckpt_dir: Path, log: Log, metrics: Any,
-                 fallback: dict[str, Any] | None = None) -> None:
+                 fallback: dict[str, Any] | None = None, fit: FitContext | None = None) -> None:
         self.setup, self.ckpt_dir, self.log = setup, ckpt_dir, log
+        self.fit, self.metrics = fit, metrics
+        self.horizon: Horizon | None = None     # the loop's, as of the last step
+        self.proposed_end: int = 0
+        self._fitted: int | None = None           # the end last proposed (to log changes only)
         self.ledger = Ledger(ckpt_dir, setup.limits.cap_usd, log)
         effects = Effects(send_alert=self._send, log=log, metrics=metrics)
-        self.monitor = BudgetMonitor(str(setup.opts.source), setup.limits, effects, self.ledger, fallback)
+        self.monitor = BudgetMonitor(str(setup.opts.source), setup.limits, effects, self.ledger, fallback,
+                                     fit_mode=fit is not None)
         self.watcher = BudgetWatcher(self.monitor.check, self.on_verdict, setup.opts.check_every_min * 60, log)
         self.request: tuple[int, str] | None = None
         self._timer: threading.Timer | None = None
@@ -83,21 +108,74 @@ class BudgetControl:
         return self.setup.alerter.send_within(subject, body, ALERT_DEADLINE_S)
 
     # -- verdicts (called on the watcher thread) --
+    def first_check(self) -> tuple[int, str, float | None]:
+        """The check before the first step: (exit code or 0, reason, spend)."""
+        d = self.monitor.check()
+        if d.action == Action.EXIT_NOW:
+            return EXIT_BUDGET_NOW, f"budget: {d.reason}", d.spent_usd
+        if self.fit is not None and d.cause != "unknown":
+            self._refit(d)
+            return (*self.request, d.spent_usd) if self.request else (0, "", d.spent_usd)
+        if d.action == Action.CHECKPOINT_AND_EXIT:
+            return EXIT_BUDGET_CHECKPOINT, f"budget: {d.reason}", d.spent_usd
+        return 0, "", d.spent_usd
+
     def on_verdict(self, decision: Decision) -> None:
         if decision.action == Action.EXIT_NOW:
             self.exit_now(EXIT_BUDGET_NOW, f"budget: {decision.reason}", decision.spent_usd)
+        elif self.fit is not None and decision.cause != "unknown":
+            self._refit(decision)
         elif decision.action == Action.CHECKPOINT_AND_EXIT and self.request is None:
-            self.request = (EXIT_BUDGET_CHECKPOINT, f"budget: {decision.reason}")
-            wait = self.setup.opts.stop_wait_s
-            self.log(f"{decision.reason}: stopping at the next step boundary with a checkpoint (exit 3 if one "
-                     f"comes within {wait:g} s)")
-            self._timer = threading.Timer(wait, self._no_boundary, args=(decision, wait))
-            self._timer.daemon = True
-            self._timer.start()
+            self._ask_to_stop(decision.reason)
 
-    def _no_boundary(self, decision: Decision, wait: float) -> None:
-        self.exit_now(EXIT_BUDGET_NOW, f"budget: {decision.reason}; no step boundary came within {wait:g} s (a hung "
-                      "step, compile or collective?), so no checkpoint was written", decision.spent_usd)
+    def _ask_to_stop(self, reason: str) -> None:
+        if self.request is not None:
+            return
+        self.request = (EXIT_BUDGET_CHECKPOINT, f"budget: {reason}")
+        wait = self.setup.opts.stop_wait_s
+        self.log(f"{reason}: stopping at the next step boundary with a checkpoint (exit 3 if one comes within "
+                 f"{wait:g} s)")
+        self._timer = threading.Timer(wait, self._no_boundary, args=(reason, wait))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _no_boundary(self, reason: str, wait: float) -> None:
+        last = self.monitor.last
+        self.exit_now(EXIT_BUDGET_NOW, f"budget: {reason}; no step boundary came within {wait:g} s (a hung step, "
+                      "compile or collective?), so no checkpoint was written", last.spent_usd if last else None)
+
+    def _refit(self, decision: Decision) -> None:
+        """--fit-to-budget: move the end to what the money and the time still pay for."""
+        fit, m = self.fit, self.monitor
+        assert fit is not None
+        step_s = 3600 / m.steps_per_hour if m.steps_per_hour else fit.expected_step_s
+        if step_s is None or decision.spent_usd is None:
+            return  # nothing to fit with yet: the planned end stands until the speed is measured
+        money = money_now(self.setup.limits, m.memory, decision.spent_usd,
+                          Progress(m.steps_done, m.total_steps, m.steps_per_hour, m.checkpoint_s))
+        hours_left = None
+        if fit.max_hours is not None:
+            used_h = (fit.wall_before_s + time.monotonic() - fit.started) / 3600
+            hours_left = fit.max_hours - used_h - money.reserve_min / 60
+        n = steps_that_fit(money, step_s, hours_left, buffer=False)
+        end = fitted_end(m.steps_done, n, fit.total_steps)
+        if end is None:
+            left = max(self.setup.limits.cap_usd - decision.spent_usd, 0.0)
+            self._ask_to_stop(f"not even one more step fits (${left:.2f} left at ${money.rate_usd_per_hr:.2f}/h, "
+                              f"{step_s:.2f} s a step, reserve {money.reserve_min:g} min)")
+            return
+        base = self.horizon or planned(fit.total_steps, fit.optim)
+        preview = retarget(base, m.steps_done, end, fit.optim) if end != base.end_step else base
+        if preview.end_step != self._fitted:
+            was = self._fitted or base.end_step
+            self.log(f"budget fit: the run ends at step {preview.end_step} (was {was}), the decay "
+                     f"{'continues' if base.decaying(m.steps_done) else 'starts at step ' + str(preview.decay_start)}"
+                     f"; spent ${decision.spent_usd:.2f} of ${self.setup.limits.cap_usd:.2f} at "
+                     f"${money.rate_usd_per_hr:.2f}/h, {step_s:.2f} s a step")
+        if self.metrics is not None:
+            self.metrics(m.steps_done, {"budget/planned_end_step": float(preview.end_step),
+                                        "budget/decay_start_step": float(preview.decay_start)})
+        self.proposed_end = self._fitted = preview.end_step
 
     def exit_now(self, code: int, reason: str, spent: float | None) -> None:
         """End the process at once: no checkpoint, no MLflow flush; the alert and exit status first."""
@@ -120,7 +198,10 @@ class BudgetControl:
     # -- the loop's side --
     def after_step(self, run: Any, state: Any, metrics: dict[str, float]) -> tuple[Outcome, bool] | None:
         ckpt_s = getattr(run.checkpointer, "last_save_s", 0.0) or 0.0
-        self.monitor.note_step(state.step, run.cfg.train.total_steps, ckpt_s)
+        self.horizon = run.horizon
+        self.monitor.note_step(state.step, run.end_step, ckpt_s)
+        if self.proposed_end:
+            run.proposed_end, self.proposed_end = self.proposed_end, 0
         if self.request is None:
             return None
         if self._timer is not None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..budget.gate import expected_step_s
 from ..core import config as C
 from ..core import redact
 from ..core.env import machine, versions
@@ -20,7 +21,7 @@ from ..data.tokens import Prefetcher, Sampler, TokenData, gather, open_token_dat
 from ..model import flops
 from ..model.transformer import Transformer, state_dict_for_saving
 from . import checkpoint as ck
-from .budget import BudgetControl
+from .budget import BudgetControl, FitContext
 from .checkpointer import CheckpointCalls, Checkpointer
 from .device import CompileFallback, hardware_plan, seed_everything
 from .distributed import World
@@ -29,6 +30,7 @@ from .loop import LoopState, Run, StopFlag
 from .optim import build_optimizer
 from .options import TrainOptions
 from .resume import Resume, find_resume, restore
+from .schedule import Horizon, planned
 from .spike import (
     SpikeDetector,
     SpikeInjector,
@@ -59,6 +61,12 @@ class Context:
     @property
     def ckpt_dir(self) -> Path:
         return self.opts.ckpt_dir
+
+    @property
+    def peak_tflops(self) -> float | None:
+        """The device's bf16 peak (None on a CPU unless --peak-tflops)."""
+        name = run_tags_device(self.device) if self.device.type == "cuda" else None
+        return flops.peak_tflops(name, self.opts.peak_tflops)
 
 
 @dataclass
@@ -213,6 +221,7 @@ class TrainerState:
             "config_sha256": cfg.sha256(), "config": cfg.to_dict(),
             "mlflow_uri": redact.url(self.uri), "mlflow_run_id": self.tracker.run_id, "restarts": restarts(),
             "budget": self.monitor.snapshot_json() if self.monitor is not None else None,
+            "schedule": run.horizon.to_json() if getattr(run, "horizon", None) is not None else None,
             "spike": self.spike_watch.state() if self.spike_watch is not None else None,
             "versions": versions(), "world_size": self.ctx.world.size, "machine": self.machine,
             "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -248,6 +257,26 @@ def tag_final(tracker: Any, ckpt_dir: Path, step_dir: Path, hashes: dict[str, st
                       "final_safetensors_sha256": hashes[ck.FINAL_MODEL]})
 
 
+def _fit_context(ctx: Context, resume: Resume) -> FitContext | None:
+    cfg = ctx.cfg
+    if not cfg.train.fit_to_budget:
+        return None
+    b = ctx.opts.budget
+    fpt = flops.flops_per_token(cfg.model).honest
+    step_s = expected_step_s(b.expected_step_s, cfg.tokens_per_step(), fpt, ctx.peak_tflops, b.assumed_mfu)
+    return FitContext(cfg.train.total_steps, cfg.optim, step_s, b.max_hours, resume.state.get("wall_clock_s", 0.0))
+
+
+def _horizon(cfg: C.Config, resume: Resume) -> Horizon:
+    """The schedule's end: what a checkpoint of a budget-fitted run recorded, else the plan."""
+    saved = resume.state.get("schedule")
+    if cfg.train.fit_to_budget and isinstance(saved, dict):
+        h = Horizon.from_json(saved)
+        if h.end_step <= cfg.train.total_steps:
+            return h
+    return planned(cfg.train.total_steps, cfg.optim)
+
+
 def _val_batches(ctx: Context, data: TokenData) -> list[Any]:
     cfg = ctx.cfg
     starts = val_starts(data.val.size, cfg.model.seq_len, cfg.train.eval_batches * cfg.train.micro_batch_size)
@@ -278,8 +307,8 @@ def build_run(ctx: Context) -> Built:
     trainer_state.uri = uri
     injector, spike_watch = _spikes(ctx, data, tracker, resume)
     trainer_state.spike_watch = spike_watch
-    control = BudgetControl(ctx.budget, ctx.ckpt_dir, log, tracker.log_metrics, resume.state.get("budget")) \
-        if ctx.budget is not None else None
+    control = BudgetControl(ctx.budget, ctx.ckpt_dir, log, tracker.log_metrics, resume.state.get("budget"),
+                            _fit_context(ctx, resume)) if ctx.budget is not None else None
     trainer_state.monitor = control.monitor if control is not None else None
     checkpointer = _checkpointer(ctx, tracker, trainer_state, resume)
     hooks: list[Any] = [spike_watch]
@@ -288,13 +317,12 @@ def build_run(ctx: Context) -> Built:
     if control is not None:
         hooks.append(control)
     fpt = flops.flops_per_token(cfg.model)
-    peak = flops.peak_tflops(run_tags_device(ctx.device) if ctx.device.type == "cuda" else None,
-                             ctx.opts.peak_tflops)
+    peak = ctx.peak_tflops
     run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=optimizer, device=ctx.device, batches=iter(()),
               chunks=ctx.world.chunks(cfg.train.grad_accum_steps), val_batches=val_batches,
               flops_per_token=fpt.honest, world=ctx.world, ddp=ddp, peak_tflops=peak, tracker=tracker,
               console=log, stop=ctx.stop, checkpointer=checkpointer, hooks=hooks, lab_flops_per_token=fpt.lab_6n,
-              batch_source=injector, spike_watch=spike_watch)
+              batch_source=injector, spike_watch=spike_watch, horizon=_horizon(cfg, resume))
     return Built(run, state, resume, tracker, checkpointer, control, sampler, data)
 
 

@@ -22,7 +22,7 @@ from ..core.config import Config
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLOW
 from ..data.tokens import Batch
 from .distributed import World, agree_max, mean_over_ranks
-from .schedule import lr_at
+from .schedule import Horizon, lr_at, planned, retarget
 
 
 class Diverged(Exception):
@@ -107,6 +107,17 @@ class Run:
     hooks: list[StepHook] = field(default_factory=list)
     lab_flops_per_token: int | None = None
     spike_watch: Any = None          # spike.SpikeWatch: consulted before each update (may skip it)
+    horizon: Horizon | None = None   # where the schedule ends (None: planned for train.total_steps)
+    proposed_end: int = 0            # rank 0's wish for a new end (--fit-to-budget), agreed at the next boundary
+
+    def __post_init__(self) -> None:
+        if self.horizon is None:
+            self.horizon = planned(self.cfg.train.total_steps, self.cfg.optim)
+
+    @property
+    def end_step(self) -> int:
+        assert self.horizon is not None
+        return self.horizon.end_step
 
     @property
     def world_size(self) -> int:
@@ -163,7 +174,8 @@ class Throughput:
 def train_step(run: Run, step: int) -> tuple[float, float, float]:
     """One optimizer step over all this rank's chunks. Returns (mean loss, grad norm before clipping, lr)."""
     cfg = run.cfg
-    lr = lr_at(step, cfg.optim, cfg.train.total_steps)
+    assert run.horizon is not None
+    lr = lr_at(step, cfg.optim, run.horizon)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     n = len(run.chunks)
@@ -213,7 +225,8 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
     run.raw_model.train()
     if state.step == 0:
         _eval_and_log(run, state)  # the starting point of the val curve
-    while state.step < cfg.total_steps:
+    _agree_end(run, state.step)
+    while state.step < run.end_step:
         step = state.step
         t0 = run.clock()
         loss, grad_norm, lr = train_step(run, step)
@@ -230,7 +243,8 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
 
         metrics: dict[str, float] = {"train/loss": loss, "train/grad_norm": grad_norm,
                                      "train/lr": lr}
-        if done % cfg.log_every == 0 or done == 1 or done == cfg.total_steps:
+        end = run.end_step
+        if done % cfg.log_every == 0 or done == 1 or done == end:
             mean_dt = meter.mean_step_s() if meter.times else dt
             tps = tokens_per_step / mean_dt
             mfu = tps * run.flops_per_token / (run.peak_tflops * 1e12 * run.world_size) if run.peak_tflops \
@@ -244,9 +258,9 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
             })
             if run.tracker is not None:
                 run.tracker.log_metrics(done, {k: v for k, v in metrics.items()})
-            eta = (cfg.total_steps - done) * mean_dt
+            eta = (end - done) * mean_dt
             mfu_s = f"{mfu * 100:5.1f}%" if math.isfinite(mfu) else "  n/a"
-            run.console(f"step {done:>7}/{cfg.total_steps} | loss {loss:7.4f} | lr {metrics['train/lr']:.2e} | "
+            run.console(f"step {done:>7}/{end} | loss {loss:7.4f} | lr {metrics['train/lr']:.2e} | "
                         f"grad {grad_norm:7.3f} | {tps:10,.0f} tok/s | MFU {mfu_s} | ETA {_fmt_eta(eta)}")
         verdict: tuple[Outcome, bool] | None = None
         if cfg.min_tokens_per_s is not None and meter.warm and run.world.main and \
@@ -255,7 +269,7 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
                         f"steps is below --min-tokens-per-s {cfg.min_tokens_per_s:,.0f}: stopping to diagnose")
             verdict = (Outcome(EXIT_SLOW, "throughput below floor", done), True)
 
-        if done % cfg.eval_every == 0 and done != cfg.total_steps:
+        if done % cfg.eval_every == 0 and done != end:
             _eval_and_log(run, state)
 
         for hook in run.hooks:
@@ -271,7 +285,8 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
             # A budget stop ends the run for good: its checkpoint is the final one (final.safetensors).
             return _end(run, state, outcome, checkpoint=bool(want_ckpt), final=code == EXIT_BUDGET_CHECKPOINT)
 
-        if run.checkpointer is not None and done % cfg.ckpt_every == 0 and done != cfg.total_steps:
+        _agree_end(run, done)
+        if run.checkpointer is not None and done % cfg.ckpt_every == 0 and done < run.end_step:
             run.checkpointer.save(run, state, "periodic")
         elif run.checkpointer is not None and ckpt_now:
             run.checkpointer.save(run, state, "requested (SIGUSR1)")
@@ -287,7 +302,18 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
             return outcome
 
     _eval_and_log(run, state)
-    return _end(run, state, Outcome(EXIT_OK, "finished", state.step), checkpoint=True, final=True)
+    why = "finished" if run.end_step == cfg.total_steps else \
+        f"finished at the end the budget fitted (step {run.end_step} of at most {cfg.total_steps})"
+    return _end(run, state, Outcome(EXIT_OK, why, state.step), checkpoint=True, final=True)
+
+
+def _agree_end(run: Run, next_step: int) -> None:
+    """Every rank moves the schedule's end at the same step boundary, to rank 0's proposal (--fit-to-budget)."""
+    (end,) = agree_max([run.proposed_end], run.world, run.device)
+    run.proposed_end = 0
+    assert run.horizon is not None
+    if end and end != run.horizon.end_step and end > next_step:
+        run.horizon = retarget(run.horizon, next_step, end, run.cfg.optim)
 
 
 def _eval_and_log(run: Run, state: LoopState) -> None:

@@ -40,6 +40,7 @@ class BudgetOptions:
     stop_wait_s: float = 120.0             # projected over the cap: the longest wait for a step boundary
     reserve_min: float = DEFAULT_RESERVE_MIN
     buffer_usd: float = 5.0
+    max_hours: float | None = None         # --fit-to-budget: the run's wall-clock window (hours since it began)
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,11 @@ def _budget_flags(b: Any) -> None:
                         f"projection (default {DEFAULT_RESERVE_MIN:g})")
     b.add_argument("--budget-buffer-usd", type=float, default=5.0,
                    help="dollars the launch gate keeps aside for one restart, as plan does (default 5)")
+    b.add_argument("--fit-to-budget", dest="fit_to_budget", action="store_true", default=None,
+                   help="--total-steps becomes an upper bound: at every check the end moves to what the money (and "
+                        "--max-hours) still pays for, and the wsd decay reaches min_lr exactly there (sets "
+                        "train.fit_to_budget; needs optim.schedule wsd)")
+    b.add_argument("--max-hours", type=float, help="with --fit-to-budget: hours of wall clock the run may take")
     b.add_argument("--budget-stop-wait-s", type=float, default=120.0,
                    help="projected over the cap: wait this long for a step boundary to checkpoint at, then exit 4 "
                         "without one (default 120)")
@@ -136,13 +142,13 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
         "train.total_steps": args.total_steps, "train.ckpt_every": args.ckpt_every,
         "train.eval_every": args.eval_every, "train.log_every": args.log_every, "train.seed": args.seed,
         "train.device": args.device, "train.compile": args.compile, "train.min_tokens_per_s": args.min_tokens_per_s,
-        "spike.skip_spike_steps": args.skip_spike_steps,
+        "spike.skip_spike_steps": args.skip_spike_steps, "train.fit_to_budget": args.fit_to_budget,
     }
     budget = BudgetOptions(args.budget_cap_usd, args.budget_curr_cost_uri, args.budget_alert_usd,
                            args.budget_check_every_min, args.budget_sidecar_interval_min,
                            args.budget_unknown_grace_min, args.max_rate_usd_per_hr, args.force_launch,
                            args.expected_step_s, args.assumed_mfu, args.dry_run_budget, args.budget_stop_wait_s,
-                           args.budget_reserve_min, args.budget_buffer_usd)
+                           args.budget_reserve_min, args.budget_buffer_usd, args.max_hours)
     return TrainOptions(
         config=args.config, data_dir=args.data_dir, ckpt_dir=Path(args.ckpt_dir), mlflow_uri=args.mlflow_uri,
         experiment=args.experiment, run_name=args.run_name, resume=args.resume_from_latest,

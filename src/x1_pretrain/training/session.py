@@ -27,7 +27,6 @@ from . import distributed
 from .budget import BudgetSetup, stop_message
 from .build import Built, Context, build_run, start_batches, tag_final
 from .device import resolve_device
-from .hooks import outcome_of
 from .lock import RunLock
 from .loop import Diverged, StopFlag, train_loop
 from .options import BudgetOptions, TrainOptions
@@ -78,7 +77,7 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
     done = int(latest.split("_")[1]) if latest and latest.startswith("step_") else 0
     step_s = bg.expected_step_s(b.expected_step_s, cfg.tokens_per_step(), flops.flops_per_token(cfg.model).honest,
                                 peak, b.assumed_mfu)
-    plan = bg.Plan(cfg.train.total_steps, done, step_s, resumed=done > 0)
+    plan = bg.Plan(cfg.train.total_steps, done, step_s, resumed=done > 0, fit_to_budget=cfg.train.fit_to_budget)
     if b.dry_run:
         return bg.dry_run(str(b.source), limits, plan, b.max_rate_usd_per_hr, setup.alerter, log)
     if not setup.alerter.channels():
@@ -97,6 +96,9 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
         return EXIT_BUDGET_CHECKPOINT
     for problem in problems:
         log(f"warning: --force-launch given despite: {problem}")
+    expect = bg.expectation(reading, plan, limits) if plan.fit_to_budget else None
+    if expect:
+        log(expect)
     if step_s is None:
         log("warning: the planned cost cannot be checked (no --expected-step-s and no known GPU peak)")
     return None
@@ -178,12 +180,12 @@ def _first_check(ctx: Context, built: Built, cap_set: bool) -> tuple[int, str, f
     verdict, or the others would wait for it forever."""
     code, reason, spent = 0, "", None
     if built.budget is not None:
-        built.budget.monitor.note_step(built.state.step, ctx.cfg.train.total_steps, 0.0)
-        decision = built.budget.monitor.check()
-        first = outcome_of(decision, built.state.step)
-        if first is not None:
-            code, reason, spent = first[0].exit_code, first[0].reason, decision.spent_usd
+        built.budget.monitor.note_step(built.state.step, built.run.end_step, 0.0)
+        code, reason, spent = built.budget.first_check()
+        if code:
             ctx.log(f"{reason} (before training; exit {code})")
+        elif built.budget.proposed_end:
+            built.run.proposed_end, built.budget.proposed_end = built.budget.proposed_end, 0
     if cap_set:
         (code,) = distributed.agree_max([code], ctx.world, ctx.device)
     return code, reason, spent

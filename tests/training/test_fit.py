@@ -1,0 +1,174 @@
+"""--fit-to-budget end to end, with real processes and a billing simulation in which the cap arrives early."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from x1_pretrain import train
+from x1_pretrain.core.safetensors_io import load as load_st
+from x1_pretrain.training import checkpoint as ck
+
+from ..conftest import REPO, TINY
+from ..procs import run_info, start, train_cmd, wait_for
+
+CAP = 10.0
+WSD = ["--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.3", "--set", "optim.warmup_steps=2"]
+
+
+class StepBilling:
+    """A sidecar whose bill is a function of the steps trained: ``per_step(step)`` dollars for each step, the
+    rate in $/h being that at the speed it sees (so any machine gets the same steps for the same money)."""
+
+    def __init__(self, budget: Path, ckpt: Path, per_step, spent: float = 0.0, step: int = 0) -> None:
+        self.budget, self.ckpt, self.per_step = budget, ckpt, per_step
+        self.stop = threading.Event()
+        self.spent, self.step, self.t_step = spent, step, (time.monotonic(), step)
+        self.step_s = 0.2
+        self._write()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _write(self) -> None:
+        rate = self.per_step(self.step) * 3600 / self.step_s
+        tmp = self.budget.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"spent_usd": self.spent, "rate_usd_per_hr": rate, "hours_elapsed": 1.0,
+                                   "projected_total_usd": self.spent, "fixed_usd": {"disk_usd": 0, "egress_usd": 0},
+                                   "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
+        tmp.replace(self.budget)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            p = ck.read_progress(self.ckpt) or {}
+            step = int(p.get("step") or 0)
+            if step > self.step:
+                for s in range(self.step, step):
+                    self.spent += self.per_step(s)
+                t0, s0 = self.t_step
+                now = time.monotonic()
+                if step - s0 >= 5:
+                    self.step_s, self.t_step = (now - t0) / (step - s0), (now, step)
+                self.step = step
+            self._write()
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def fit_args(budget: Path, *extra: str, cap: float = CAP) -> list[str]:
+    return [*WSD, "--fit-to-budget", "--budget-cap-usd", str(cap), "--budget-alert-usd", str(cap * 0.95),
+            "--budget-curr-cost-uri", str(budget),
+            "--budget-check-every-min", "0.003", "--budget-reserve-min", "0.005", "--budget-buffer-usd", "0",
+            "--expected-step-s", "0.2", "--force-launch", *extra]
+
+
+def history(ckpt: Path, key: str) -> dict[int, float]:
+    client, runs = run_info(ckpt)
+    return {m.step: m.value for m in client.get_metric_history(runs[0].info.run_id, key)}
+
+
+def test_cosine_with_fit_to_budget_is_refused_with_the_fix(tmp_path, capsys):
+    code = train.main(["--config", str(TINY), "--data-dir", str(tmp_path), "--fit-to-budget"])
+    err = capsys.readouterr().err
+    assert code == 2 and "train.fit_to_budget: needs optim.schedule 'wsd', not 'cosine'" in err
+    assert "--set optim.schedule=wsd" in err
+
+
+def test_the_cap_arrives_early_and_the_run_anneals_and_finishes_through_a_preemption(demo_data, tmp_path):
+    """The price doubles at step 40, so ~a third of the 400 steps asked for fit; a SIGTERM (spot preemption)
+    arrives inside the decay and the run is resumed under the same billing. It ends with exit 0 at min_lr,
+    final weights and a finished MLflow run, and the spend never passed the cap."""
+    ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
+    billing = StepBilling(budget, ckpt, lambda s: 0.05 if s < 40 else 0.10)
+    try:
+        proc = start(train_cmd(demo_data, ckpt, 400, *fit_args(budget)), tmp_path / "a.log")
+
+        def decaying() -> bool:
+            m = re.findall(r"decay starts at step (\d+)", (tmp_path / "a.log").read_text())
+            return bool(m) and int((ck.read_progress(ckpt) or {}).get("step") or 0) > int(m[-1]) + 1
+
+        wait_for(decaying, proc=proc, timeout=300)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 75
+        stopped, _ = ck.verify(ckpt / ck.read_latest(ckpt))
+        r = subprocess.run(train_cmd(demo_data, ckpt, 400, *fit_args(budget), "--resume-from-latest"), cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+    finally:
+        billing.close()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    state, _ = ck.verify(ckpt / ck.read_latest(ckpt))
+    last = state["step"]
+    assert 60 < last < 400 and (ckpt / "final.safetensors").exists()
+    assert state["schedule"]["decay_start"] == stopped["schedule"]["decay_start"]   # the decay was not restarted
+    assert state["schedule"]["end_step"] == last
+    lr = history(ckpt, "train/lr")
+    assert lr[last] == pytest.approx(3e-4, rel=1e-9)          # the tiny config's min_lr, at the last step
+    assert max(lr.values()) == pytest.approx(3e-3)
+    spent = history(ckpt, "budget/spent_usd")
+    assert max(spent.values()) <= CAP and list(spent.values()) == sorted(spent.values())
+    assert billing.spent <= CAP                                # the bill itself, not only what the guard saw
+    ends = history(ckpt, "budget/planned_end_step")
+    assert ends[max(ends)] == last and "budget fit: the run ends at step" in r.stdout
+    _, runs = run_info(ckpt)
+    assert runs[0].info.status == "FINISHED" and "budget fitted" in runs[0].data.tags["end_reason"]
+
+
+def test_a_kill_inside_the_decay_resumes_the_same_schedule_bit_for_bit(demo_data, tmp_path):
+    """SIGKILL after a checkpoint inside the decay; the checkpoint is resumed twice, each time with the billing
+    still moving. The ledger rightly charges the downtime at the last rate (a preemption gap costs money and
+    would compress the decay), so the resumes get a higher cap, which leaves money for the rest of the decay:
+    both continue the saved schedule to its end, at min_lr, with bitwise-equal weights."""
+    ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
+    async_off = ["--set", "checkpoint.async_save=false"]
+    billing = StepBilling(budget, ckpt, lambda s: 0.08)
+    try:
+        proc = start(train_cmd(demo_data, ckpt, 400, *fit_args(budget), *async_off, ckpt_every=4),
+                     tmp_path / "a.log")
+
+        def in_the_decay_with_a_checkpoint() -> bool:
+            latest = ck.read_latest(ckpt)
+            if latest is None or not (ckpt / latest / ck.DONE_FILE).exists():
+                return False
+            state, _ = ck.verify(ckpt / latest)
+            return state is not None and state["step"] > state["schedule"]["decay_start"] + 1
+
+        wait_for(in_the_decay_with_a_checkpoint, proc=proc, timeout=300)
+        proc.kill()
+        proc.wait()
+    finally:
+        billing.close()
+    saved, _ = ck.verify(ckpt / ck.read_latest(ckpt))
+    horizon, at = saved["schedule"], saved["step"]
+    finals = []
+    for twin in ("t1", "t2"):
+        d = tmp_path / twin
+        shutil.copytree(ckpt, d)
+        (d / "progress.json").unlink(missing_ok=True)
+        b = tmp_path / f"{twin}.json"
+        bill = StepBilling(b, d, lambda s: 0.01, spent=0.08 * at, step=at)
+        try:
+            r = subprocess.run(train_cmd(demo_data, d, 400, *fit_args(b, cap=1000.0), *async_off,
+                                         "--resume-from-latest"),
+                               cwd=REPO, capture_output=True, text=True, timeout=600)
+        finally:
+            bill.close()
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        final, _ = ck.verify(d / ck.read_latest(d))
+        assert final["schedule"]["decay_start"] == horizon["decay_start"]   # the decay never restarts
+        assert final["step"] == horizon["end_step"]                          # nor is it stretched
+        assert history(d, "train/lr")[final["step"]] == pytest.approx(3e-4, rel=1e-9)   # min_lr at the end
+        finals.append(load_st(d / "final.safetensors"))
+    import torch
+
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
