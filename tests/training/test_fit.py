@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import signal
 import subprocess
-import threading
-import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from x1_pretrain import train
 from x1_pretrain.core.safetensors_io import load as load_st
+from x1_pretrain.demo.billing import StepBilling
 from x1_pretrain.training import checkpoint as ck
 
 from ..conftest import REPO, TINY
@@ -23,47 +20,6 @@ from ..procs import run_info, start, train_cmd, wait_for
 
 CAP = 10.0
 WSD = ["--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.3", "--set", "optim.warmup_steps=2"]
-
-
-class StepBilling:
-    """A sidecar whose bill is a function of the steps trained: ``per_step(step)`` dollars for each step, the
-    rate in $/h being that at the speed it sees (so any machine gets the same steps for the same money)."""
-
-    def __init__(self, budget: Path, ckpt: Path, per_step, spent: float = 0.0, step: int = 0) -> None:
-        self.budget, self.ckpt, self.per_step = budget, ckpt, per_step
-        self.stop = threading.Event()
-        self.spent, self.step, self.t_step = spent, step, (time.monotonic(), step)
-        self.step_s = 0.2
-        self._write()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _write(self) -> None:
-        rate = self.per_step(self.step) * 3600 / self.step_s
-        tmp = self.budget.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"spent_usd": self.spent, "rate_usd_per_hr": rate, "hours_elapsed": 1.0,
-                                   "projected_total_usd": self.spent, "fixed_usd": {"disk_usd": 0, "egress_usd": 0},
-                                   "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
-        tmp.replace(self.budget)
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            p = ck.read_progress(self.ckpt) or {}
-            step = int(p.get("step") or 0)
-            if step > self.step:
-                for s in range(self.step, step):
-                    self.spent += self.per_step(s)
-                t0, s0 = self.t_step
-                now = time.monotonic()
-                if step - s0 >= 5:
-                    self.step_s, self.t_step = (now - t0) / (step - s0), (now, step)
-                self.step = step
-            self._write()
-            time.sleep(0.02)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join()
 
 
 def fit_args(budget: Path, *extra: str, cap: float = CAP) -> list[str]:

@@ -1,0 +1,133 @@
+"""Fitting the schedule to the money, measured: when the budget runs short, does annealing to the end the money
+reaches beat being cut mid-schedule, and match a schedule planned for that length from the start?
+
+    python bench/fit_to_budget.py [--seeds 3] [--steps 240] [--cap 5]
+
+Tiny config on the built-in demo corpus, CPU. The same simulated bill for every arm (demo/billing.py: dollars
+per step, $0.02 until a third of --steps, then $0.04; so the arms compare by steps, not seconds):
+
+  (a) cosine planned for --steps, cut by the guard when the projection passes the cap (exit 3: today's lab);
+  (b) WSD (decay 25 %, 1-sqrt) with --fit-to-budget: the end follows the money, the decay reaches min_lr there;
+  (c) cosine planned from the start for exactly the steps (b) reached (no budget guard).
+
+Each arm's final weights are evaluated on every window of the val split (the same windows for all), and the
+script prints the val loss per seed and the mean ± std per arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "configs" / "x1-tiny-cpu.yaml"
+
+
+def tokenize(root: Path) -> Path:
+    from x1_pretrain.data.demo_corpus import write_demo_corpus
+
+    write_demo_corpus(root / "raw")
+    subprocess.run([sys.executable, "-m", "x1_pretrain.tokenize_data", "--input-dir", str(root / "raw"),
+                    "--output-dir", str(root / "tok"), "--val-fraction", "0.1", "--workers", "2"], check=True,
+                   capture_output=True)
+    return root / "tok"
+
+
+def train(data: Path, ckpt: Path, steps: int, seed: int, *extra: str) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "x1_pretrain.train", "--config", str(TINY), "--data-dir", str(data),
+           "--ckpt-dir", str(ckpt), "--total-steps", str(steps), "--seed", str(seed), "--log-every", "10",
+           "--eval-every", "100000", "--ckpt-every", "100000", "--set", "optim.warmup_steps=10", *extra]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def budget_flags(budget: Path, cap: float, fit: bool) -> list[str]:
+    flags = ["--budget-cap-usd", str(cap), "--budget-alert-usd", str(cap * 0.9), "--budget-curr-cost-uri",
+             str(budget), "--budget-check-every-min", "0.01", "--budget-reserve-min", "0.02",
+             "--budget-buffer-usd", "0", "--expected-step-s", "0.3", "--force-launch"]
+    return [*flags, "--fit-to-budget", "--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.25"] if fit \
+        else flags
+
+
+def billed_run(data: Path, run_dir: Path, steps: int, seed: int, cap: float, fit: bool) -> tuple[int, str, float]:
+    """(exit code, output, dollars billed) of one arm under the simulated bill."""
+    from x1_pretrain.demo.billing import StepBilling
+
+    run_dir.mkdir(parents=True)
+    budget = run_dir / "budget.json"
+    billing = StepBilling(budget, run_dir / "ckpt", lambda s: 0.02 if s < steps // 3 else 0.04)
+    try:
+        code, out = train(data, run_dir / "ckpt", steps, seed, *budget_flags(budget, cap, fit))
+    finally:
+        billing.close()
+    return code, out, billing.spent
+
+
+def final_step(ckpt: Path) -> int:
+    return json.loads((ckpt / (ckpt / "latest").read_text().strip() / "trainer_state.json").read_text())["step"]
+
+
+def val_loss(ckpt: Path, data: Path) -> float:
+    import torch
+
+    from x1_pretrain.data.tokens import gather, open_token_data, val_starts
+    from x1_pretrain.report.ckpt_source import load_model, resolve
+
+    src = resolve(ckpt)
+    model = load_model(src)
+    toks = open_token_data(data, src.model.vocab_size, src.model.seq_len)
+    starts = val_starts(toks.val.size, src.model.seq_len, 10 ** 9)  # every window
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(starts), 16):
+            x, y = gather(toks.val, starts[i:i + 16], src.model.seq_len)
+            total += float(model(x, y)) * len(x)
+            n += len(x)
+    return total / n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=240)
+    ap.add_argument("--cap", type=float, default=5.0)
+    args = ap.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="x1-fit-bench-"))
+    data = tokenize(root)
+    results: dict[str, list[float]] = {"a": [], "b": [], "c": []}
+    for seed in range(args.seeds):
+        d = root / f"seed{seed}"
+        code_a, _, spent_a = billed_run(data, d / "a", args.steps, seed, args.cap, fit=False)
+        code_b, log_b, spent_b = billed_run(data, d / "b", args.steps, seed, args.cap, fit=True)
+        if code_b != 0:
+            print(log_b[-3000:])
+            return 1
+        steps_a, steps_b = final_step(d / "a" / "ckpt"), final_step(d / "b" / "ckpt")
+        code_c, _ = train(data, d / "c", steps_b, seed)
+        la, lb, lc = (val_loss(p, data) for p in (d / "a" / "ckpt", d / "b" / "ckpt", d / "c"))
+        for k, v in zip("abc", (la, lb, lc), strict=True):
+            results[k].append(v)
+        print(f"seed {seed}: (a) cut at step {steps_a} (exit {code_a}, ${spent_a:.2f}) val {la:.4f} | "
+              f"(b) fitted to step {steps_b} (exit {code_b}, ${spent_b:.2f}) val {lb:.4f} | "
+              f"(c) cosine for {steps_b} steps (exit {code_c}) val {lc:.4f}", flush=True)
+    arms = (("a", "cosine, cut by the guard"), ("b", "wsd + --fit-to-budget"), ("c", "cosine planned for (b)'s steps"))
+    for k, name in arms:
+        v = results[k]
+        sd = statistics.stdev(v) if len(v) > 1 else 0.0
+        print(f"({k}) {name:32s} val loss {statistics.mean(v):.4f} ± {sd:.4f} over {len(v)} seeds")
+    diff_ab = [a - b for a, b in zip(results["a"], results["b"], strict=True)]
+    diff_cb = [c - b for c, b in zip(results["c"], results["b"], strict=True)]
+    print(f"(a) - (b): {statistics.mean(diff_ab):+.4f} nats (positive: fitting beats being cut)")
+    print(f"(c) - (b): {statistics.mean(diff_cb):+.4f} nats (near zero: as good as planning the length in advance)")
+    shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
