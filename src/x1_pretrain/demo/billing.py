@@ -1,7 +1,8 @@
-"""A billing simulation for the demo and the fit-to-budget benchmark: a sidecar whose bill is a function of
-the steps trained (``per_step(step)`` dollars for each step), written to budget.json as the real sidecar
-writes it. Its hourly rate is that per-step price at the speed it measures, so the trainer's fit, which
-multiplies a rate by a measured step time, sees the same money per step on any machine."""
+"""A billing simulation for the demo and the fit-to-budget benchmark, written to budget.json as the real
+sidecar writes it. The price is set per step (``per_step(step)`` dollars a step at the current step) and
+billed by the clock, as a cloud bills: the hourly rate is that price at the speed the simulation measures,
+so a step costs about ``per_step`` on any machine, and time without steps (start-up, evals, checkpoints)
+costs what it costs in a real run."""
 
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from ..training.checkpoint import read_progress
 
 class StepBilling:
     def __init__(self, budget: Path, ckpt: Path, per_step: Callable[[int], float], spent: float = 0.0,
-                 step: int = 0) -> None:
+                 step: int = 0, step_s: float = 0.2) -> None:
         self.budget, self.ckpt, self.per_step = budget, ckpt, per_step
         self.spent, self.step = spent, step
         self._mark = (time.monotonic(), step)
-        self.step_s = 0.2                      # until measured
+        self.step_s = step_s                   # the speed assumed until it is measured
         self._stop = threading.Event()
         self._write()
         self._thread = threading.Thread(target=self._run, name="x1-demo-billing", daemon=True)
@@ -38,13 +39,15 @@ class StepBilling:
         tmp.replace(self.budget)
 
     def _run(self) -> None:
+        last = time.monotonic()
         while not self._stop.is_set():
+            now = time.monotonic()
+            self.spent += self.per_step(self.step) / self.step_s * (now - last)
+            last = now
             step = int((read_progress(self.ckpt) or {}).get("step") or 0)
             if step > self.step:
-                self.spent += sum(self.per_step(s) for s in range(self.step, step))
                 t0, s0 = self._mark
                 if step - s0 >= 5:
-                    now = time.monotonic()
                     self.step_s, self._mark = (now - t0) / (step - s0), (now, step)
                 self.step = step
             self._write()
