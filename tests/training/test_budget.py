@@ -66,6 +66,9 @@ def test_projected_over_the_cap_without_a_step_boundary_exits_4_and_says_so(tmp_
 def test_a_boundary_in_time_cancels_the_timer_and_checkpoints():
     class Run:
         checkpointer = None
+        horizon = None
+        end_step = 10
+        proposed_end = 0
 
         class cfg:
             class train:
