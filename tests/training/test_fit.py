@@ -35,7 +35,8 @@ def history(ckpt: Path, key: str) -> dict[int, float]:
 
 
 def test_cosine_with_fit_to_budget_is_refused_with_the_fix(tmp_path, capsys):
-    code = train.main(["--config", str(TINY), "--data-dir", str(tmp_path), "--fit-to-budget"])
+    code = train.main(["--config", str(TINY), "--data-dir", str(tmp_path), "--ckpt-dir", str(tmp_path / "c"),
+                       "--fit-to-budget"])
     err = capsys.readouterr().err
     assert code == 2 and "train.fit_to_budget: needs optim.schedule 'wsd', not 'cosine'" in err
     assert "--set optim.schedule=wsd" in err
