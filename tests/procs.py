@@ -21,8 +21,9 @@ def train_cmd(data: Path, ckpt: Path, steps: int, *extra: str, ckpt_every: int =
             "--log-every", str(log_every), "--eval-every", str(eval_every), *FAST, *extra]
 
 
-def start(cmd: list[str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=REPO, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    with open(log, "w") as out:   # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def wait_for(pred, timeout: float = 120.0, every: float = 0.005, proc: subprocess.Popen | None = None) -> None:

@@ -55,15 +55,14 @@ class JsonServer:
         self.server.server_close()
 
 
-class DripServer:
-    """Accepts a connection and sends a valid HTTP answer one byte every ``every_s`` seconds."""
+class _Listener:
+    """A raw TCP listener on 127.0.0.1 that hands each connection to ``_handle`` on its own thread."""
 
-    def __init__(self, every_s: float = 0.1) -> None:
+    def __init__(self) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.every_s = every_s
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/budget.json"
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -72,9 +71,24 @@ class DripServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
-    def _drip(self, conn: socket.socket) -> None:
+    def _handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class DripServer(_Listener):
+    """Accepts a connection and sends a valid HTTP answer one byte every ``every_s`` seconds."""
+
+    def __init__(self, every_s: float = 0.1) -> None:
+        self.every_s = every_s
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}/budget.json"
+
+    def _handle(self, conn: socket.socket) -> None:
         try:
             conn.recv(4096)
             for ch in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b" " * 100000:
@@ -85,8 +99,22 @@ class DripServer:
         finally:
             conn.close()
 
+
+class SilentServer(_Listener):
+    """Accepts connections, reads the requests and never answers (a wedged tracking server)."""
+
+    def __init__(self) -> None:
+        self.connections: list[socket.socket] = []
+        super().__init__()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _handle(self, conn: socket.socket) -> None:
+        self.connections.append(conn)   # kept open, never written to
+
     def close(self) -> None:
-        self.sock.close()
+        super().close()
+        for c in self.connections:
+            c.close()
 
 
 def wait_until(pred: Callable[[], bool], timeout: float = 60.0, every: float = 0.02) -> bool:

@@ -47,7 +47,7 @@ def test_resources_are_the_labs(task):
 def test_job_recovery_recovers_preemption_not_decisions(task):
     rec = task["resources"]["job_recovery"]
     assert rec["strategy"] == "FAILOVER" and rec["max_restarts_on_errors"] == 0
-    assert rec["recover_on_exit_codes"] == [75]
+    assert rec["recover_on_exit_codes"] == [75, 7]
     assert not {0, 2, 3, 4, 5, 6} & set(rec["recover_on_exit_codes"])
 
 
@@ -67,7 +67,7 @@ def test_scripts_parse_and_use_the_labs_commands(task):
     assert ("python -m x1_pretrain.watchdog --log-file \"$logs/watchdog.jsonl\" -- python -m x1_pretrain.train "
             "--config configs/x1-50m-a100.yaml --data-dir /workspace/data/tokenized --ckpt-dir /workspace/checkpoints "
             "--mlflow-uri file:///workspace/mlruns --total-steps \"$X1_TOTAL_STEPS\" --ckpt-every 1800 "
-            "--eval-every 1800 --log-every 10 --resume-from-latest --budget-cap-usd 35.0 "
+            "--ckpt-every-min 15 --eval-every 1800 --log-every 10 --resume-from-latest --budget-cap-usd 35.0 "
             "--budget-curr-cost-uri /workspace/budget.json") in run
     assert "python -m x1_pretrain.export_run --mlflow-uri file:///workspace/mlruns " \
            "--output experiments/X1-pretraining/run-cloud/" in run
@@ -241,7 +241,7 @@ def test_skypilot_loads_the_task_and_each_cloud_supports_what_it_is_asked():
     assert set(clouds) == {"Lambda", "RunPod"} and clouds["RunPod"]["spot"] and not clouds["Lambda"]["spot"]
     for r in clouds.values():
         assert r["acc"] == {"A100-80GB": 1} and r["disk"] >= 500 and r["image"] == IMAGE
-        assert r["recovery"]["recover_on_exit_codes"] == [75]
+        assert r["recovery"]["recover_on_exit_codes"] == [75, 7]
 
 
 # --- the image -------------------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ def main(argv: list[str] | None = None) -> int:
             write_exit_status(opts.ckpt_dir, code, reason)
         except OSError as e:
             print(f"warning: could not record the exit status in {opts.ckpt_dir} ({e})", file=sys.stderr)
+        except KeyboardInterrupt:   # a second Ctrl-C after the run already ended: its code stands
+            print(f"interrupted while recording exit {code}", file=sys.stderr)
     return code
 
 

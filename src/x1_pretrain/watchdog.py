@@ -3,15 +3,16 @@ even when the trainer cannot; end the bill when the run is over.
 
     python -m x1_pretrain.watchdog [--max-restarts 20] [--backoff-s 5] -- python -m x1_pretrain.train ...
 
-Relaunches on exit 75 (interrupted after a clean checkpoint), 1 (unexpected failure) or death by a
-signal, adding ``--resume-from-latest`` when the command lacks it, after a backoff that doubles per
-consecutive failure (capped at ``--max-backoff-s``). Never relaunches after 0 (finished), 2 (bad usage),
-3 or 4 (budget stops), 5 (diverged), 6 (throughput floor) or 130 (aborted by a second Ctrl-C), nor when
-two consecutive starts ended at the same step with no progress (a crash loop: it exits with the trainer's
-code). SIGTERM/SIGINT/SIGHUP (a closed terminal) sent to the watchdog reach the trainer as SIGTERM/SIGINT,
-which checkpoints and exits 75; the watchdog then exits without relaunching, and a trainer whose watchdog
-is gone stops the same way (no orphan). Each restart is logged with its reason, exit code, downtime,
-steps lost since the last checkpoint and relaunch latency (exit → new trainer's first step).
+Relaunches on exit 75 (interrupted after a clean checkpoint), 7 (the final or stop checkpoint could not be
+written: from the last complete one), 1 (unexpected failure) or death by a signal, adding
+``--resume-from-latest`` when the command lacks it, after a backoff that doubles per consecutive failure
+(capped at ``--max-backoff-s``). Never relaunches after 0 (finished), 2 (bad usage), 3 or 4 (budget stops), 5
+(diverged), 6 (throughput floor) or 130 (aborted by a second Ctrl-C), nor when two consecutive starts ended at
+the same step with no progress (a crash loop: it exits with the trainer's code). SIGTERM/SIGINT/SIGHUP (a
+closed terminal) sent to the watchdog reach the trainer as SIGTERM/SIGINT, which checkpoints and exits 75; the
+watchdog then exits without relaunching, and a trainer whose watchdog is gone stops the same way (no orphan).
+Each restart is logged with its reason, exit code, downtime, steps lost since the last checkpoint and relaunch
+latency (exit → new trainer's first step).
 
 Budget, second line: with a cap (``--budget-cap-usd`` and ``--budget-curr-cost-uri``, taken from the train
 command unless given here) the watchdog reads the budget source and the trainer's cost ledger itself

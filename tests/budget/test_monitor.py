@@ -216,7 +216,7 @@ def test_with_fit_to_budget_the_gate_says_what_it_expects_instead_of_refusing(de
             "--total-steps", "84000", "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget),
             "--expected-step-s", "2.13", "--dry-run-budget"]
     assert train.main(base) == 3                      # the lab's 84,000 steps do not fit: refused
-    assert "--fit-to-budget to end the schedule where the money ends" in capsys.readouterr().out
+    assert "--fit-to-budget (optim.schedule wsd) to end the schedule where the money ends" in capsys.readouterr().out
     assert train.main([*base, "--fit-to-budget", "--set", "optim.schedule=wsd"]) == 0
     out = capsys.readouterr().out
     assert "--fit-to-budget: expect to reach about step" in out and "of at most 84,000" in out and "READY" in out

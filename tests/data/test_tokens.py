@@ -6,6 +6,7 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.conftest import TINY
 from x1_pretrain.core.errors import DataError
 from x1_pretrain.data.tokens import Prefetcher, Sampler, gather, open_token_data, val_starts
 
@@ -82,7 +83,8 @@ def test_validation_names_file_and_numbers(demo_data, tmp_path):
     ids = np.fromfile(d / "train.bin", dtype=np.uint16)
     ids[100] = 60000
     ids.tofile(d / "train.bin")
-    with pytest.raises(DataError, match=r"token id 60000 >= model\.vocab_size 50257"):
+    with pytest.raises(DataError, match=r"train\.bin: token id 60000 at token offset 100 \(byte 200\) is out of "
+                                        r"range for model\.vocab_size 50257"):
         open_token_data(d, 50257, 64)
     (d / "meta.json").unlink()
     with pytest.raises(DataError, match="not a finished tokenize_data output"):
@@ -110,3 +112,52 @@ def test_missing_eot_is_flagged(demo_data, tmp_path):
     ids.tofile(d / "val.bin")
     with pytest.raises(DataError, match="no end-of-text token"):
         open_token_data(d, 50257, 64)
+
+
+def test_every_id_is_checked_once_and_the_result_is_kept_in_meta_json(demo_data, tmp_path, monkeypatch):
+    from x1_pretrain.data import tokens as T
+
+    d = tmp_path / "d"
+    shutil.copytree(demo_data, d)  # copy2: size and mtime kept, so tokenize_data's record still holds
+    meta = json.loads((d / "meta.json").read_text())
+    assert meta["validated"]["train"]["max_id"] == meta["splits"]["train"]["max_id"] < 50257
+    scans: list[str] = []
+    real_scan = T.scan_max_id
+    monkeypatch.setattr(T, "scan_max_id", lambda t, p, v: scans.append(p.name) or real_scan(t, p, v))
+    open_token_data(d, 50257, 64)
+    assert scans == []  # the record written by tokenize_data is trusted for these exact files
+
+    # One bad id far past the 64 sampled slices of 16,384 tokens: only a full scan finds it.
+    monkeypatch.setattr(T, "_SAMPLE_SLICES", 2)
+    monkeypatch.setattr(T, "_SAMPLE_LEN", 64)
+    monkeypatch.setattr(T, "_SCAN_CHUNK", 4096)  # several chunks, so the offset is computed across them
+    ids = np.fromfile(d / "train.bin", dtype=np.uint16)
+    at = ids.size // 2 + 12345
+    ids[at] = 50300
+    ids.tofile(d / "train.bin")
+    with pytest.raises(DataError) as e:
+        open_token_data(d, 50257, 64)
+    assert f"train.bin: token id 50300 at token offset {at:,}" in str(e.value) and "50257" in str(e.value)
+    assert scans == ["train.bin"]
+
+    ids[at] = 7
+    ids.tofile(d / "train.bin")  # a rewrite changes size or mtime: scanned again, then recorded
+    open_token_data(d, 50257, 64)
+    open_token_data(d, 50257, 64)
+    assert scans == ["train.bin", "train.bin"]
+    rec = json.loads((d / "meta.json").read_text())["validated"]["train"]
+    assert rec["max_id"] == int(ids.max()) and rec["bytes"] == ids.size * 2
+
+
+def test_a_bad_id_stops_the_trainer_before_any_step_naming_the_file(demo_data, tmp_path, capsys):
+    from x1_pretrain import train
+
+    d = tmp_path / "d"
+    shutil.copytree(demo_data, d)
+    ids = np.fromfile(d / "val.bin", dtype=np.uint16)
+    ids[-3] = 65535
+    ids.tofile(d / "val.bin")
+    code = train.main(["--config", str(TINY), "--data-dir", str(d), "--ckpt-dir", str(tmp_path / "c"), "--no-compile"])
+    err = capsys.readouterr()
+    assert code == 2 and f"val.bin: token id 65535 at token offset {ids.size - 3:,}" in err.err
+    assert "step " not in err.out and not (tmp_path / "c" / "mlflow.db").exists()

@@ -217,16 +217,42 @@ def test_a_failure_while_writing_leaves_no_bundle(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_budget_falls_back_to_the_checkpoint_snapshot(built, capsys):
+def final_of(ckpt_dir: Path, step: str = "step_0000006") -> manifest.FinalCheckpoint:
+    state, problem = ck.verify(ckpt_dir / step)
+    assert problem is None
+    return manifest.FinalCheckpoint(ckpt_dir / ck.FINAL_MODEL, ckpt_dir / step, state, "")
+
+
+def test_budget_falls_back_to_the_checkpoint_snapshot(built, tmp_path, capsys):
     run = runs.load_run(built.uri)
-    state, _ = ck.verify(built.ckpt / "step_0000006")
+    alone = tmp_path / "ckpt"                              # the step dir without the guard's ledger beside it
+    shutil.copytree(built.ckpt / "step_0000006", alone / "step_0000006")
     run.tags["budget_source"] = str(built.root / "gone.json")
-    dollars, _ = manifest._dollars(run, state, None, None)
+    dollars, _ = manifest._dollars(run, final_of(alone), None, None)
     assert dollars["spent_usd"] == pytest.approx(SPENT_IN_CHECKPOINT, abs=0.01)
     assert "trainer_state.json" in dollars["source"]
     assert "gone.json does not exist" in capsys.readouterr().out
     with pytest.raises(X1Error, match="--budget-json"):
-        manifest._dollars(run, state, None, str(built.root / "gone.json"))
+        manifest._dollars(run, final_of(alone), None, str(built.root / "gone.json"))
+
+
+def test_dollars_come_from_the_ledger_and_a_budget_json_older_than_the_run_is_not_used_silently(built, tmp_path,
+                                                                                                 capsys):
+    run = runs.load_run(built.uri)
+    ledger = json.loads((built.ckpt / "budget_ledger.json").read_text())["memory"]
+    old = tmp_path / "budget.json"          # a sidecar that died an hour before the run ended, with a higher bill
+    old.write_text(json.dumps({"spent_usd": 99.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 9, "projected_total_usd": 99,
+                               "last_update_utc": "2020-01-01T00:00:00Z"}))
+    run.tags["budget_source"] = str(old)
+    dollars, _ = manifest._dollars(run, final_of(built.ckpt), None, None)
+    assert dollars["spent_usd"] == ledger["spent_usd"] and dollars["counted_at_utc"] == ledger["spent_at_utc"]
+    assert "budget_ledger.json (the budget guard's count at" in dollars["source"]
+    warned = capsys.readouterr().out
+    assert "was last updated 2020-01-01T00:00:00Z, before the run ended" in warned
+    assert any("before the run ended" in n for n in dollars["notes"]) and any("stale" in n for n in dollars["notes"])
+    # the sidecar's fresh final reading, above the ledger, is the better figure (the bundle's own manifest)
+    m = read_manifest(built.bundle)["dollars"]
+    assert m["spent_usd"] == SPENT_AT_EXPORT > ledger["spent_usd"] and "at or above the guard's ledger" in m["source"]
 
 
 def test_dedupe_keeps_the_replayed_point():

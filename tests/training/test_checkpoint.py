@@ -178,14 +178,14 @@ def test_sigusr1_writes_a_checkpoint_and_training_goes_on(demo_data, tmp_path):
 
 def test_second_sigint_aborts_at_once(demo_data, tmp_path):
     ckpt = tmp_path / "c"
-    slow = ["--set", "train.batch_size=256", "--set", "train.micro_batch_size=64",
-            "--set", "train.grad_accum_steps=4"]  # steps of ~2 s, so both signals land inside one
+    slow = ["--set", "train.batch_size=512", "--set", "train.micro_batch_size=64",
+            "--set", "train.grad_accum_steps=8"]  # steps of ~4 s, so both signals land inside one
     proc = start(train_cmd(demo_data, ckpt, 50, *slow), tmp_path / "log")
     wait_for(lambda: progress_step(ckpt) >= 1, proc=proc)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.4)  # two identical signals sent at once can merge into one delivery
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=60) == 130
+    assert proc.wait(timeout=60) == 130, (tmp_path / "log").read_text()[-3000:]
     assert "aborted by a second SIGINT" in (tmp_path / "log").read_text()
     assert not ck.list_step_dirs(ckpt)
 

@@ -19,7 +19,7 @@ from ..conftest import REPO, TINY
 from ..procs import run_info, start, train_cmd, wait_for
 
 CAP = 10.0
-WSD = ["--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.3", "--set", "optim.warmup_steps=2"]
+WSD = ["--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.5", "--set", "optim.warmup_steps=2"]
 
 
 def fit_args(budget: Path, *extra: str, cap: float = CAP) -> list[str]:
@@ -45,9 +45,12 @@ def test_cosine_with_fit_to_budget_is_refused_with_the_fix(tmp_path, capsys):
 def test_the_cap_arrives_early_and_the_run_anneals_and_finishes_through_a_preemption(demo_data, tmp_path):
     """The price doubles at step 20, so a fraction of the 400 steps asked for fit; a SIGTERM (spot preemption)
     arrives inside the decay and the run is resumed under the same billing. It ends with exit 0 at min_lr,
-    final weights and a finished MLflow run, and the spend never passed the cap."""
+    final weights and a finished MLflow run, and the spend never passed the cap.
+    The ledger charges the downtime between the two processes at the last rate (here ~$0.5 a second, so a
+    loaded machine's slow restart costs dollars): the SIGTERM comes early in a long decay, so that the money
+    left for it pays for the restart too and the resume compresses what remains of the decay."""
     ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
-    billing = StepBilling(budget, ckpt, lambda s: 0.06 if s < 20 else 0.12)
+    billing = StepBilling(budget, ckpt, lambda s: 0.06 if s < 20 else 0.12, free_start_up=True)
     try:
         proc = start(train_cmd(demo_data, ckpt, 400, *fit_args(budget)), tmp_path / "a.log")
 
@@ -88,7 +91,7 @@ def test_a_kill_inside_the_decay_resumes_the_same_schedule_bit_for_bit(demo_data
     both continue the saved schedule to its end, at min_lr, with bitwise-equal weights."""
     ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
     async_off = ["--set", "checkpoint.async_save=false"]
-    billing = StepBilling(budget, ckpt, lambda s: 0.12)
+    billing = StepBilling(budget, ckpt, lambda s: 0.12, free_start_up=True)
     try:
         proc = start(train_cmd(demo_data, ckpt, 400, *fit_args(budget), *async_off, ckpt_every=4),
                      tmp_path / "a.log")

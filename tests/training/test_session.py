@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -9,12 +10,14 @@ import sys
 import pytest
 
 from x1_pretrain import train
+from x1_pretrain.core.config import load as load_config
 from x1_pretrain.core.errors import EXIT_DIVERGED, EXIT_SLOW, EXIT_USAGE
+from x1_pretrain.model.flops import flops_per_token
 
 from ..conftest import FAST, REPO, TINY
 
 KEYS = ["train/loss", "train/lr", "train/grad_norm", "train/param_norm", "train/tokens_per_s", "train/mfu",
-        "train/step_time_s", "train/tokens_seen"]
+        "train/mfu_lab_6n", "train/step_time_s", "train/tokens_seen"]
 
 
 def mlflow_run(uri: str):
@@ -30,16 +33,26 @@ def history(client, run_id: str, key: str) -> dict[int, float]:
     return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
 
-def test_metrics_params_and_tags_at_every_log_step(demo_data, tmp_path):
+def test_metrics_params_and_tags_at_every_log_step(demo_data, tmp_path, capsys):
+    """Also: both MFU figures, labelled, with --peak-tflops; --ckpt-every-min checkpoints by the clock when
+    --ckpt-every (here 1000 steps) never comes."""
     ckpt = tmp_path / "ckpt"
     code = train.main(["--config", str(TINY), "--data-dir", str(demo_data), "--ckpt-dir", str(ckpt),
-                       "--total-steps", "12", "--log-every", "4", "--eval-every", "6", "--peak-tflops", "1.0", *FAST])
+                       "--total-steps", "12", "--log-every", "4", "--eval-every", "6", "--peak-tflops", "1.0",
+                       "--ckpt-every", "1000", "--ckpt-every-min", "0.0001", *FAST])
     assert code == 0
+    out = capsys.readouterr().out
     uri = f"sqlite:///{ckpt.resolve()}/mlflow.db"
     client, run = mlflow_run(uri)
     assert run.info.status == "FINISHED"
     for key in KEYS:
         assert set(history(client, run.info.run_id, key)) == {1, 4, 8, 12}, key
+    f = flops_per_token(load_config(TINY, sets=["model.seq_len=32"]).model)
+    mfu, lab = history(client, run.info.run_id, "train/mfu"), history(client, run.info.run_id, "train/mfu_lab_6n")
+    assert all(lab[s] / mfu[s] == pytest.approx(f.lab_6n / f.honest) for s in mfu) and 0 < mfu[12] < 1
+    assert re.search(r"MFU +\d+\.\d% honest, lab 6N +\d+\.\d%", out)
+    saves = history(client, run.info.run_id, "checkpoint/save_s")
+    assert len([s for s in saves if s < 12]) >= 3      # by the clock: more than the final save
     val = history(client, run.info.run_id, "val/loss")
     assert set(val) == {0, 6, 12}
     assert val[12] < val[0]
@@ -103,12 +116,19 @@ def test_bad_data_dir_is_a_usage_error(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_throughput_floor_exits_6(demo_data, tmp_path, capsys):
-    code = train.main(["--config", str(TINY), "--data-dir", str(demo_data), "--ckpt-dir", str(tmp_path / "c"),
-                       "--total-steps", "30", "--log-every", "1", "--min-tokens-per-s", "1e12",
-                       "--set", "train.throughput_window=3", *FAST])
+def test_throughput_floor_exits_6_in_the_first_hour_and_warns_once_after_it(demo_data, tmp_path, capsys):
+    floor = ["--total-steps", "16", "--log-every", "1", "--min-tokens-per-s", "1e12",
+             "--set", "train.throughput_window=3", *FAST]
+    base = ["--config", str(TINY), "--data-dir", str(demo_data)]
+    code = train.main([*base, "--ckpt-dir", str(tmp_path / "c"), *floor])
+    assert code == EXIT_SLOW                      # the lab's floor, inside its first hour (the default window)
+    assert "below --min-tokens-per-s 1,000,000,000,000: stopping to diagnose (exit 6)" in capsys.readouterr().out
+    code = train.main([*base, "--ckpt-dir", str(tmp_path / "d"), *floor, "--min-tokens-per-s-window", "0"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("training goes on (diagnose it") == 1   # one warning for one episode
+    code = train.main([*base, "--ckpt-dir", str(tmp_path / "e"), *floor, "--min-tokens-per-s-window", "0",
+                       "--min-tokens-per-s-always"])
     assert code == EXIT_SLOW
-    assert "below --min-tokens-per-s" in capsys.readouterr().out
 
 
 def test_lab_command_as_a_real_process(demo_data, tmp_path):

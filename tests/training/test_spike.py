@@ -85,23 +85,42 @@ def test_detector_accepts_a_new_level_after_a_long_run_of_flags():
     assert flags[:10] == [True] * 10 and not any(flags[11:])
 
 
-def test_a_natural_spike_before_the_injection_cancels_it_unless_forced():
+class _At:
+    step = 0
+
+
+def watch_over(curve: list[tuple[float, float]], warmup: int, force: bool = False):
+    """A SpikeWatch with an injection planned at step 100, fed (loss, grad norm) for steps 1, 2, ..."""
     logs, tags = [], []
+    inj = SpikeInjector(SpikeSchedule(100, 5), np.arange(3), np.full(3, 1 / 3), 0)
+    watch = SpikeWatch(SpikeDetector(warmup_steps=5), inj, False, force,
+                       SpikeReport(logs.append, lambda s, m: None, tags.append), warmup_steps=warmup)
+    for s, (loss, gn) in enumerate(curve, start=1):
+        watch.observe(s - 1, loss, gn, 1.0)
+        _At.step = s
+        watch.after_step(None, _At, {"train/loss": loss, "train/grad_norm": gn, "train/lr": 1e-3})
+    return inj, logs, tags
+
+
+def test_a_natural_loss_spike_after_the_warmup_cancels_the_injection_unless_forced():
+    curve = [(10.0 if s == 20 else 3.0, 1.0) for s in range(1, 30)]
     for force in (False, True):
-        inj = SpikeInjector(SpikeSchedule(100, 5), np.arange(3), np.full(3, 1 / 3), 0)
-        watch = SpikeWatch(SpikeDetector(warmup_steps=5), inj, False, force,
-                           SpikeReport(logs.append, lambda s, m: None, tags.append))
-
-        class St:
-            step = 0
-
-        for s in range(1, 30):
-            watch.observe(s - 1, 10.0 if s == 20 else 3.0, 1.0, 1.0)
-            St.step = s
-            watch.after_step(None, St, {"train/loss": 3.0, "train/grad_norm": 1.0, "train/lr": 1e-3})
+        inj, logs, tags = watch_over(curve, warmup=10, force=force)
         assert (inj.cancelled is None) == force
-    assert any("injection skipped" in m for m in logs)
-    assert tags == [{"spike_injection_skipped": "natural spike at step 20 before step 100"}]
+    inj, logs, tags = watch_over(curve, warmup=10)
+    assert any("injection skipped: a natural loss spike came first (step 20" in m for m in logs)
+    assert tags == [{"spike_injection_skipped": "natural loss spike at step 20 before step 100"}]
+
+
+def test_a_grad_norm_blip_or_a_spike_inside_the_warmup_keeps_the_injection():
+    blip = [(3.0, 40.0 if s == 20 else 1.0) for s in range(1, 30)]          # the loss never moves
+    inj, logs, tags = watch_over(blip, warmup=10)
+    assert inj.cancelled is None and tags == []
+    assert any("spike injection kept: the detection at step 20 is grad norm only" in m for m in logs)
+    early = [(10.0 if s == 20 else 3.0, 1.0) for s in range(1, 30)]          # a loss jump during a long warm-up
+    inj, logs, tags = watch_over(early, warmup=25)
+    assert inj.cancelled is None and tags == []
+    assert any("is during the LR warm-up (step <= 25)" in m for m in logs)
 
 
 def metric(ckpt, key):

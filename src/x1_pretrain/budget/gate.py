@@ -85,12 +85,14 @@ def gate_problems(reading: Reading, plan: Plan, limits: Limits, max_rate: float)
         return out
     if total is not None and total > limits.cap_usd:
         fit = fitting_steps(snap, plan, limits)
-        lower = "lower --total-steps" + (" (with --allow-config-change: this resumes a run)" if plan.resumed else "")
+        again = " --allow-config-change" if plan.resumed else ""   # a resume refuses a changed config without it
+        ended = " (this run now ends at its last checkpoint: final.safetensors is written)" if plan.resumed else ""
         out.append(f"the planned run costs about ${total:.2f} in all (spent ${snap.spent_usd:.2f} + "
                    f"{plan.total_steps - plan.steps_done:,} steps x {plan.step_s:.2f} s x "
                    f"${snap.rate_usd_per_hr:.2f}/h + reserve, fixed lines and the ${limits.lines.buffer_usd:.2f} "
-                   f"buffer), over the cap ${limits.cap_usd:.2f}; about {fit:,} steps in all fit: {lower}, or "
-                   "--fit-to-budget to end the schedule where the money ends, or --force-launch")
+                   f"buffer), over the cap ${limits.cap_usd:.2f}; about {fit:,} steps in all fit: relaunch with "
+                   f"--total-steps {fit}{again}, or --fit-to-budget{again} (optim.schedule wsd) to end the schedule "
+                   f"where the money ends, or --force-launch{ended}")
     return out
 
 

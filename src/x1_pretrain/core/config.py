@@ -88,8 +88,11 @@ class TrainConfig:
     eval_every: int = 1800           # steps between val evals (and one at the end)
     eval_batches: int = 20           # micro-batches in the fixed val set
     ckpt_every: int = 1800           # steps between checkpoints
+    ckpt_every_min: float = 0.0      # and at most this many minutes of wall clock between them (0: steps only)
     prefetch: int = 4                # batches prepared ahead by the loader thread
-    min_tokens_per_s: float | None = None  # stop (exit 6) when the warm mean falls below this
+    min_tokens_per_s: float | None = None  # stop (exit 6) when the warm mean falls below this ...
+    min_tokens_per_s_window_min: float = 60.0  # ... during the run's first this-many minutes of training
+    min_tokens_per_s_always: bool = False      # ... or at any time (later drops are otherwise logged and alerted)
     fit_to_budget: bool = False      # total_steps becomes an upper bound; the end follows the money (wsd only)
     throughput_window: int = 50      # steps in the warm throughput window
 
@@ -296,6 +299,10 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
                  "min_loss_jump >= 0")
     if cfg.checkpoint.keep_last < 1:
         p.append(f"checkpoint.keep_last: must be at least 1, got {cfg.checkpoint.keep_last}")
+    if t.ckpt_every_min < 0:
+        p.append(f"train.ckpt_every_min: must be >= 0 (0 turns the wall-clock cadence off), got {t.ckpt_every_min}")
+    if t.min_tokens_per_s_window_min < 0:
+        p.append(f"train.min_tokens_per_s_window_min: must be >= 0, got {t.min_tokens_per_s_window_min}")
     if t.min_tokens_per_s is not None and t.min_tokens_per_s <= 0:
         p.append(f"train.min_tokens_per_s: must be positive when set, got {t.min_tokens_per_s}")
     if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):
@@ -363,6 +370,7 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 OPERATIONAL_KEYS = frozenset({
     "train.log_every", "train.eval_every", "train.eval_batches", "train.ckpt_every", "train.prefetch",
     "train.compile", "train.compile_mode", "train.device", "train.min_tokens_per_s", "train.throughput_window",
+    "train.ckpt_every_min", "train.min_tokens_per_s_window_min", "train.min_tokens_per_s_always",
     "checkpoint.keep_last", "checkpoint.async_save", "spike.ema_alpha", "spike.warmup_steps", "spike.loss_sigma",
     "spike.min_loss_jump", "spike.grad_factor", "spike.grad_window",
 })

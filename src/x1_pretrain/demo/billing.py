@@ -2,7 +2,8 @@
 sidecar writes it. The price is set per step (``per_step(step)`` dollars a step at the current step) and
 billed by the clock, as a cloud bills: the hourly rate is that price at the speed the simulation measures,
 so a step costs about ``per_step`` on any machine, and time without steps (start-up, evals, checkpoints)
-costs what it costs in a real run."""
+costs what it costs in a real run. ``free_start_up=True`` starts the clock only at the trainer's first step
+(tests use it so that a loaded machine's slow imports do not change how many steps the money buys)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from ..training.checkpoint import read_progress
 
 class StepBilling:
     def __init__(self, budget: Path, ckpt: Path, per_step: Callable[[int], float], spent: float = 0.0,
-                 step: int = 0, step_s: float = 0.2) -> None:
+                 step: int = 0, step_s: float = 0.2, free_start_up: bool = False) -> None:
         self.budget, self.ckpt, self.per_step = budget, ckpt, per_step
+        self._billing = not free_start_up      # False until the first step lands
         self.spent, self.step = spent, step
         self._mark = (time.monotonic(), step)
         self.step_s = step_s                   # the speed assumed until it is measured
@@ -42,10 +44,13 @@ class StepBilling:
         last = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
-            self.spent += self.per_step(self.step) / self.step_s * (now - last)
+            if self._billing:
+                self.spent += self.per_step(self.step) / self.step_s * (now - last)
             last = now
             step = int((read_progress(self.ckpt) or {}).get("step") or 0)
             if step > self.step:
+                if not self._billing:
+                    self._billing, self._mark = True, (now, step)
                 t0, s0 = self._mark
                 if step - s0 >= 5:
                     self.step_s, self._mark = (now - t0) / (step - s0), (now, step)

@@ -14,9 +14,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from ..budget.guard import format_time, parse_time
+from ..budget.ledger import LEDGER_FILE
+from ..budget.ledger import read as read_ledger
 from ..budget.source import read_source
 from ..core import redact
 from ..core.config import ModelConfig
@@ -111,34 +115,73 @@ def _cluster(run: RunRecord, state: dict[str, Any], provider: str | None, instan
     }
 
 
-def _dollars(run: RunRecord, state: dict[str, Any], spent_usd: float | None,
+def _sidecar_provider(source: str) -> str | None:
+    try:
+        local = source[len("file://"):] if source.startswith("file://") else source
+        raw = json.loads(Path(local).read_text()) if "://" not in local else {}
+        return raw.get("provider")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _ledger_count(ckpt_dir: Path) -> tuple[float, datetime, Path] | None:
+    """(spent, when, path) from the guard's ledger beside the checkpoints, or None."""
+    path = ckpt_dir / LEDGER_FILE
+    data, problem = read_ledger(path)
+    if problem:
+        print(f"[export] warning: {problem}")
+    memory = (data or {}).get("memory") or {}
+    spent, at = _finite(memory.get("spent_usd")), parse_time(memory.get("spent_at_utc"))
+    return (spent, at, path) if spent is not None and at is not None else None
+
+
+def _dollars(run: RunRecord, final: FinalCheckpoint, spent_usd: float | None,
              budget_json: str | None) -> tuple[dict[str, Any], str | None]:
-    """(dollars section, provider named by budget.json). Order: --spent-usd, budget.json, checkpoint snapshot."""
+    """(dollars section, provider named by budget.json). Order: --spent-usd; --budget-json; the larger of the
+    guard's ledger (``budget_ledger.json`` beside the checkpoints) and the run's budget.json when that is not
+    older than the run's end; the checkpoint's snapshot. A budget.json last written before the run ended is
+    never used without a warning, printed and recorded in ``notes``."""
+    state = final.state
     snap = state.get("budget") if isinstance(state.get("budget"), dict) else None
     cap = (snap or {}).get("cap_usd") or _finite(run.tags.get("budget_cap_usd"))
-    out: dict[str, Any] = {"spent_usd": None, "cap_usd": cap, "source": None}
+    out: dict[str, Any] = {"spent_usd": None, "cap_usd": cap, "source": None, "notes": []}
     if spent_usd is not None:
         return {**out, "spent_usd": spent_usd, "source": "--spent-usd given to export_run"}, None
     source = budget_json or run.tags.get("budget_source")
-    if source:
-        reading = read_source(source)
-        if reading.snapshot is not None:
-            provider = None
-            try:
-                local = source[len("file://"):] if source.startswith("file://") else source
-                raw = json.loads(Path(local).read_text()) if "://" not in local else {}
-                provider = raw.get("provider")
-            except (OSError, ValueError):
-                pass
-            s = reading.snapshot.to_json()
-            return {**out, **s, "source": f"{redact.url(source)} (the billing sidecar's latest budget.json)"}, provider
-        if budget_json:
-            raise X1Error(f"--budget-json {budget_json}: {reading.problem}")
+    reading = read_source(source) if source else None
+    if budget_json and reading is not None and reading.snapshot is None:
+        raise X1Error(f"--budget-json {budget_json}: {reading.problem}")
+    sidecar = reading.snapshot if reading is not None else None
+    ended = datetime.fromtimestamp(run.end_ms / 1000, timezone.utc) if run.end_ms else None
+    stale = sidecar is not None and ended is not None and sidecar.last_update_utc < ended - timedelta(minutes=1)
+    if stale:
+        assert sidecar is not None and ended is not None
+        note = (f"{redact.url(str(source))} was last updated {format_time(sidecar.last_update_utc)}, before the run "
+                f"ended ({format_time(ended)}): the spend after it is not in it")
+        print(f"[export] warning: {note}")
+        out["notes"].append(note)
+    counted = None if budget_json else _ledger_count(final.step_dir.parent)
+    if counted is not None and (sidecar is None or stale or sidecar.spent_usd < counted[0]):
+        counted_usd, at, path = counted
+        if sidecar is not None:
+            out["notes"].append(f"the sidecar's budget.json (${sidecar.spent_usd:.2f} at "
+                                f"{format_time(sidecar.last_update_utc)}) is {'stale' if stale else 'lower'}: not used")
+        return {**out, "spent_usd": counted_usd, "counted_at_utc": format_time(at),
+                "source": f"{path} (the budget guard's count at {format_time(at)}, never below a reading of "
+                          f"{redact.url(source) if source else 'the budget source'})"}, \
+            _sidecar_provider(str(source)) if source else None
+    if sidecar is not None:
+        assert source is not None
+        why = "given as --budget-json" if budget_json else ("at or above the guard's ledger" if counted
+                                                             else "the run's budget source; no ledger found")
+        return {**out, **sidecar.to_json(), "source": f"{redact.url(source)} (the billing sidecar's budget.json, "
+                                                      f"{why})"}, _sidecar_provider(source)
+    if reading is not None:
         print(f"[export] warning: {reading.problem}; using the budget snapshot in the final checkpoint")
     if snap is not None:
         good = snap.get("last_good") or {}
-        spent = _finite(snap.get("spent_usd"))
-        return {**out, "spent_usd": spent if spent is not None else _finite(good.get("spent_usd")),
+        snap_spent = _finite(snap.get("spent_usd"))
+        return {**out, "spent_usd": snap_spent if snap_spent is not None else _finite(good.get("spent_usd")),
                 "rate_usd_per_hr": good.get("rate_usd_per_hr"), "last_update_utc": good.get("last_update_utc"),
                 "projected_total_usd": _finite(snap.get("projected_usd")),
                 "source": "budget snapshot in the final checkpoint's trainer_state.json"}, None
@@ -199,7 +242,7 @@ def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], rep
     if recomputed != state.get("config_sha256"):
         print(f"[export] warning: the config in {final.step_dir.name} hashes to {recomputed[:12]}, not the recorded "
               f"{str(state.get('config_sha256'))[:12]}")
-    dollars, budget_provider = _dollars(run, state, spent_usd, budget_json)
+    dollars, budget_provider = _dollars(run, final, spent_usd, budget_json)
     if provider is None:
         provider = budget_provider or ("runpod" if os.environ.get("RUNPOD_POD_ID") else None)
     versions = dict(state.get("versions") or {})

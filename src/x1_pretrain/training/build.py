@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..budget import alerts
 from ..budget.gate import expected_step_s
 from ..core import config as C
 from ..core import redact
@@ -57,6 +58,8 @@ class Context:
     stop: StopFlag
     started_unix: float
     budget: Any = None            # training.budget.BudgetSetup when a cap is set (rank 0 only), else None
+    deadline: Any = None          # signals.StopDeadline: what is left of --stop-grace-s after a stop request
+    on_built: Callable[[Any], None] | None = None   # told the Built once it is ready (the stop deadline's view)
 
     @property
     def ckpt_dir(self) -> Path:
@@ -162,6 +165,9 @@ def _tracker(ctx: Context, uri: str, artifact_location: str | None, resume: Resu
     tracker.set_tags(tags)
     if resume.found is not None:
         tracker.log_metrics(resume.found.step, {"run/restarts": float(restarts())})
+        again = tracker.redeliver(ctx.ckpt_dir, resume.found.step)
+        if again:
+            log(f"MLflow: {again:,} metrics an earlier process could not deliver are being sent again")
     log(f"MLflow: {redact.url(uri)} run {tracker.run_id or '(pending: server unreachable)'}"
         + (" (continued)" if resume.found is not None else ""))
     return tracker
@@ -189,7 +195,7 @@ def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> tupl
     watch = SpikeWatch(SpikeDetector(sc.ema_alpha, sc.warmup_steps, sc.loss_sigma, sc.min_loss_jump,
                                      sc.grad_factor, sc.grad_window),
                        injector, sc.skip_spike_steps, sp.force_inject,
-                       SpikeReport(log, tracker.log_metrics, tracker.set_tags))
+                       SpikeReport(log, tracker.log_metrics, tracker.set_tags), warmup_steps=cfg.optim.warmup_steps)
     if resume.state.get("spike"):
         watch.load_state(resume.state["spike"])
     return injector, watch
@@ -228,9 +234,35 @@ class TrainerState:
         }
 
 
-def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resume: Resume) -> Checkpointer | None:
+def alert_sender(ctx: Context) -> Callable[[str, str], None] | None:
+    """(subject, body) -> the configured alert channels within a deadline; None when there are none (or not rank 0)."""
     if not ctx.world.main:
         return None
+    alerter = ctx.budget.alerter if ctx.budget is not None else alerts.from_env()
+    if not alerter.channels():
+        return None
+
+    def send(subject: str, body: str) -> None:
+        alerter.send_within(subject, body)
+
+    return send
+
+
+def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resume: Resume,
+                  alert: Callable[[str, str], None] | None) -> Checkpointer | None:
+    if not ctx.world.main:
+        return None
+
+    def on_failed(step: int, reason: str, what: str) -> None:
+        latest = ck.read_latest(ctx.ckpt_dir)
+        tracker.set_tags({"checkpoint_failed": f"{ck.step_dir_name(step)} ({reason}): {what}"[:4000],
+                          "checkpoint_failures": checkpointer.failures})
+        tracker.log_metrics(step, {"checkpoint/failed": 1.0})
+        if alert is not None:
+            alert(f"x1 checkpoint {ck.step_dir_name(step)} FAILED in {ctx.ckpt_dir}",
+                  f"The {reason} checkpoint of step {step} could not be written: {what}.\n"
+                  f"The latest complete checkpoint is {latest or '(none yet)'}. Free space on the disk of "
+                  f"{ctx.ckpt_dir}; training goes on and tries again at the next checkpoint.")
 
     def on_saved(step: int, path: Path, secs: float, size: int) -> None:
         tracker.log_metrics(step, {"checkpoint/save_s": secs, "checkpoint/mb_per_s": size / 1e6 / max(secs, 1e-9),
@@ -243,7 +275,8 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
             tracker.flush(timeout_s=10.0)
 
     calls = CheckpointCalls(state_dict_for_saving, trainer_state, ctx.log, on_saved,
-                            lambda path, hashes: tag_final(tracker, ctx.ckpt_dir, path, hashes), before_save)
+                            lambda path, hashes: tag_final(tracker, ctx.ckpt_dir, path, hashes), before_save,
+                            on_failed)
     checkpointer = Checkpointer(ctx.ckpt_dir, ctx.cfg.checkpoint.keep_last, ctx.cfg.checkpoint.async_save, calls)
     if resume.found is not None:
         checkpointer.last_saved_step = resume.found.step
@@ -310,7 +343,8 @@ def build_run(ctx: Context) -> Built:
     control = BudgetControl(ctx.budget, ctx.ckpt_dir, log, tracker.log_metrics, resume.state.get("budget"),
                             _fit_context(ctx, resume)) if ctx.budget is not None else None
     trainer_state.monitor = control.monitor if control is not None else None
-    checkpointer = _checkpointer(ctx, tracker, trainer_state, resume)
+    alert = alert_sender(ctx)
+    checkpointer = _checkpointer(ctx, tracker, trainer_state, resume, alert)
     hooks: list[Any] = [spike_watch]
     if checkpointer is not None:
         hooks.insert(0, ProgressFile(ctx.ckpt_dir, ctx.started_unix, checkpointer))
@@ -322,7 +356,7 @@ def build_run(ctx: Context) -> Built:
               chunks=ctx.world.chunks(cfg.train.grad_accum_steps), val_batches=val_batches,
               flops_per_token=fpt.honest, world=ctx.world, ddp=ddp, peak_tflops=peak, tracker=tracker,
               console=log, stop=ctx.stop, checkpointer=checkpointer, hooks=hooks, lab_flops_per_token=fpt.lab_6n,
-              batch_source=injector, spike_watch=spike_watch, horizon=_horizon(cfg, resume))
+              batch_source=injector, spike_watch=spike_watch, horizon=_horizon(cfg, resume), alert=alert)
     return Built(run, state, resume, tracker, checkpointer, control, sampler, data)
 
 

@@ -94,6 +94,25 @@ def write_step_dir(ckpt_dir: Path, snap: Snapshot) -> tuple[Path, int]:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    try:
+        _fill_step_dir(tmp, snap)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed write (a full disk) leaves nothing half-written behind
+        raise
+    if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
+        old = ckpt_dir / f".{final.name}.old-{os.getpid()}"
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(ckpt_dir)
+    write_text_atomic(ckpt_dir / LATEST, final.name + "\n")
+    size = sum(p.stat().st_size for p in final.iterdir())
+    return final, size
+
+
+def _fill_step_dir(tmp: Path, snap: Snapshot) -> None:
     files = {MODEL_FILE: safetensors_io.save(snap.model, tmp / MODEL_FILE, {"format": "pt"})}
     with open(tmp / OPTIM_FILE, "wb") as f:
         torch.save(snap.optimizer, f)
@@ -111,17 +130,6 @@ def write_step_dir(ckpt_dir: Path, snap: Snapshot) -> tuple[Path, int]:
         f.flush()
         os.fsync(f.fileno())
     _fsync_dir(tmp)
-    if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
-        old = ckpt_dir / f".{final.name}.old-{os.getpid()}"
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-    _fsync_dir(ckpt_dir)
-    write_text_atomic(ckpt_dir / LATEST, final.name + "\n")
-    size = sum(p.stat().st_size for p in final.iterdir())
-    return final, size
 
 
 def write_final_files(ckpt_dir: Path, step_dir: Path) -> dict[str, str]:

@@ -12,12 +12,13 @@ from typing import Any
 
 import torch
 
-from ..core.errors import X1Error
+from ..core.errors import CheckpointFailed
 from .checkpoint import (
     FINAL_MODEL,
     FINAL_OPTIM,
     Snapshot,
     prune,
+    read_latest,
     step_dir_name,
     to_cpu,
     write_final_files,
@@ -35,79 +36,106 @@ class CheckpointCalls:
     on_saved: Callable[[int, Path, float, int], None] | None = None    # (step, path, seconds, bytes)
     on_final: Callable[[Path, dict[str, str]], None] | None = None     # (step dir, final file hashes)
     before_save: Callable[[], None] | None = None                      # e.g. flush the metrics
+    on_failed: Callable[[int, str, str], None] | None = None           # (step, reason, what went wrong)
 
 
 class Checkpointer:
     """Writes checkpoints for the loop: snapshot on the training thread, write on a background thread
-    (``async_save``), then prune. ``wait`` blocks until the last write is on disk."""
+    (``async_save``), then prune. ``wait`` blocks until the last write is on disk.
 
-    def __init__(self, ckpt_dir: Path, keep_last: int, async_save: bool, calls: CheckpointCalls) -> None:
+    A periodic write that fails (a full disk) is reported at once through ``on_failed`` and training goes on:
+    the previous complete checkpoint stays ``latest`` and the next one is tried on schedule. A *required*
+    write (the final one, or the one a stop asks for) that fails raises :class:`CheckpointFailed`."""
+
+    def __init__(self, ckpt_dir: Path, keep_last: int, async_save: bool, calls: CheckpointCalls,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.dir = ckpt_dir
         self.keep_last = keep_last
         self.async_save = async_save
-        self._model_state = calls.model_state
-        self._trainer_state = calls.trainer_state
+        self._calls = calls
         self._log = calls.log
-        self._on_saved = calls.on_saved
-        self._on_final = calls.on_final
-        self._before_save = calls.before_save
+        self._clock = clock
         self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
         self.last_saved_step: int | None = None
+        self.last_saved_at = clock()   # for --ckpt-every-min: the process start counts as the last save
         self.last_save_s = 0.0
+        self.failures = 0
 
-    def save(self, run: Any, state: Any, reason: str) -> None:
+    def minutes_since_save(self) -> float:
+        return (self._clock() - self.last_saved_at) / 60
+
+    def save(self, run: Any, state: Any, reason: str, required: bool = False) -> None:
+        """Checkpoint ``state.step``. ``required``: written now, on this thread, or CheckpointFailed."""
         self.wait()
         final = reason == "final"
+        required = required or final
         if self.last_saved_step == state.step:  # e.g. a stop right after a periodic checkpoint
             if final:
-                self._finish(self.dir / step_dir_name(state.step))
+                try:
+                    self._finish(self.dir / step_dir_name(state.step))
+                except Exception as e:
+                    self._failed(state.step, reason, e)
+                    raise CheckpointFailed(state.step, reason, e) from e
             return
-        if self._before_save is not None:
-            self._before_save()
-        t0 = time.monotonic()
-        snap = Snapshot(state.step, to_cpu(self._model_state(run.raw_model)), to_cpu(run.optimizer.state_dict()),
-                        self._trainer_state(run, state))
-        snap_s = time.monotonic() - t0
-        if self.async_save and not final:
+        if self._calls.before_save is not None and not required:
+            self._calls.before_save()  # a stop writes its checkpoint first; the metrics follow within the grace
+        t0 = self._clock()
+        snap = Snapshot(state.step, to_cpu(self._calls.model_state(run.raw_model)), to_cpu(run.optimizer.state_dict()),
+                        self._calls.trainer_state(run, state))
+        snap_s = self._clock() - t0
+        if self.async_save and not required:
             self._thread = threading.Thread(target=self._write, args=(snap, reason, t0, snap_s, False),
                                             name="x1-checkpoint", daemon=False)
             self._thread.start()
-        else:
-            self._write(snap, reason, t0, snap_s, final)
-            self._raise_if_failed()
+            return
+        error = self._write(snap, reason, t0, snap_s, final)
+        if error is not None:
+            raise CheckpointFailed(snap.step, reason, error)
 
-    def _write(self, snap: Snapshot, reason: str, t0: float, snap_s: float, final: bool) -> None:
+    def _write(self, snap: Snapshot, reason: str, t0: float, snap_s: float, final: bool) -> BaseException | None:
         try:
             path, size = write_step_dir(self.dir, snap)
-            secs = time.monotonic() - t0
-            self.last_saved_step = snap.step
-            self.last_save_s = secs
-            self._log(f"checkpoint {path.name} ({reason}): {size / 1e6:,.1f} MB in {secs:.2f} s "
-                      f"({size / 1e6 / max(secs, 1e-9):,.0f} MB/s; training paused {snap_s:.2f} s for the snapshot)")
-            if self._on_saved:
-                self._on_saved(snap.step, path, secs, size)
+        except Exception as e:  # reported now; the caller decides whether the run can go on
+            self._failed(snap.step, reason, e)
+            return e
+        secs = self._clock() - t0
+        self.last_saved_step = snap.step
+        self.last_saved_at = self._clock()
+        self.last_save_s = secs
+        self._log(f"checkpoint {path.name} ({reason}): {size / 1e6:,.1f} MB in {secs:.2f} s "
+                  f"({size / 1e6 / max(secs, 1e-9):,.0f} MB/s; training paused {snap_s:.2f} s for the snapshot)")
+        try:
+            if self._calls.on_saved:
+                self._calls.on_saved(snap.step, path, secs, size)
             if final:
                 self._finish(path)
             prune(self.dir, self.keep_last)
-        except BaseException as e:
-            self._error = e
+        except Exception as e:
+            self._failed(snap.step, reason, e)
+            return e
+        return None
+
+    def _failed(self, step: int, reason: str, e: BaseException) -> None:
+        self.failures += 1
+        what = f"{type(e).__name__}: {e}"
+        latest = read_latest(self.dir)
+        kept = f"{latest} stays the latest complete checkpoint" if latest else "there is no complete checkpoint yet"
+        self._log(f"ERROR: checkpoint {step_dir_name(step)} ({reason}) could not be written to {self.dir}: {what}; "
+                  f"{kept}. Free space or fix the directory: the next checkpoint is tried on schedule")
+        if self._calls.on_failed is not None:
+            try:
+                self._calls.on_failed(step, reason, what)
+            except Exception as report_error:  # reporting must not turn one failure into two
+                self._log(f"warning: the checkpoint failure could not be reported ({report_error})")
 
     def _finish(self, path: Path) -> None:
         hashes = write_final_files(self.dir, path)
         self._log(f"final weights: {self.dir / FINAL_MODEL} and {self.dir / FINAL_OPTIM} (from {path.name})")
-        if self._on_final:
-            self._on_final(path, hashes)
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            err, self._error = self._error, None
-            if isinstance(err, OSError):
-                raise X1Error(f"checkpoint could not be written to {self.dir}: {err}") from err
-            raise err
+        if self._calls.on_final:
+            self._calls.on_final(path, hashes)
 
     def wait(self) -> None:
+        """Block until the background write (if any) is done; its failure was reported already."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self._raise_if_failed()

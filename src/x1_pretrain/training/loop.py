@@ -70,9 +70,11 @@ class BatchSource(Protocol):
 
 
 class Checkpointer(Protocol):
-    def save(self, run: Run, state: LoopState, reason: str) -> None: ...
+    def save(self, run: Run, state: LoopState, reason: str, required: bool = False) -> None: ...
 
     def wait(self) -> None: ...
+
+    def minutes_since_save(self) -> float: ...
 
 
 @dataclass
@@ -109,6 +111,7 @@ class Run:
     spike_watch: Any = None          # spike.SpikeWatch: consulted before each update (may skip it)
     horizon: Horizon | None = None   # where the schedule ends (None: planned for train.total_steps)
     proposed_end: int = 0            # rank 0's wish for a new end (--fit-to-budget), agreed at the next boundary
+    alert: Callable[[str, str], None] | None = None   # (subject, body) to the configured channels, if any
 
     def __post_init__(self) -> None:
         if self.horizon is None:
@@ -225,6 +228,7 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
     run.raw_model.train()
     if state.step == 0:
         _eval_and_log(run, state)  # the starting point of the val curve
+    floor = ThroughputFloor()
     _agree_end(run, state.step)
     while state.step < run.end_step:
         step = state.step
@@ -245,29 +249,8 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
                                      "train/lr": lr}
         end = run.end_step
         if done % cfg.log_every == 0 or done == 1 or done == end:
-            mean_dt = meter.mean_step_s() if meter.times else dt
-            tps = tokens_per_step / mean_dt
-            mfu = tps * run.flops_per_token / (run.peak_tflops * 1e12 * run.world_size) if run.peak_tflops \
-                else float("nan")
-            metrics.update({
-                "train/param_norm": param_norm(run.raw_model),
-                "train/tokens_per_s": tps,
-                "train/mfu": mfu,
-                "train/step_time_s": mean_dt,
-                "train/tokens_seen": float(state.tokens_seen),
-            })
-            if run.tracker is not None:
-                run.tracker.log_metrics(done, {k: v for k, v in metrics.items()})
-            eta = (end - done) * mean_dt
-            mfu_s = f"{mfu * 100:5.1f}%" if math.isfinite(mfu) else "  n/a"
-            run.console(f"step {done:>7}/{end} | loss {loss:7.4f} | lr {metrics['train/lr']:.2e} | "
-                        f"grad {grad_norm:7.3f} | {tps:10,.0f} tok/s | MFU {mfu_s} | ETA {_fmt_eta(eta)}")
-        verdict: tuple[Outcome, bool] | None = None
-        if cfg.min_tokens_per_s is not None and meter.warm and run.world.main and \
-                "train/tokens_per_s" in metrics and metrics["train/tokens_per_s"] < cfg.min_tokens_per_s:
-            run.console(f"throughput {metrics['train/tokens_per_s']:,.0f} tokens/s over the last {len(meter.times)} "
-                        f"steps is below --min-tokens-per-s {cfg.min_tokens_per_s:,.0f}: stopping to diagnose")
-            verdict = (Outcome(EXIT_SLOW, "throughput below floor", done), True)
+            _log_step(run, state, meter, metrics, dt)
+        verdict = floor.check(run, state, meter, metrics)
 
         if done % cfg.eval_every == 0 and done != end:
             _eval_and_log(run, state)
@@ -286,8 +269,10 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
             return _end(run, state, outcome, checkpoint=bool(want_ckpt), final=code == EXIT_BUDGET_CHECKPOINT)
 
         _agree_end(run, done)
-        if run.checkpointer is not None and done % cfg.ckpt_every == 0 and done < run.end_step:
-            run.checkpointer.save(run, state, "periodic")
+        if run.checkpointer is not None and done < run.end_step and (
+                done % cfg.ckpt_every == 0 or 0 < cfg.ckpt_every_min <= run.checkpointer.minutes_since_save()):
+            run.checkpointer.save(run, state, "periodic" if done % cfg.ckpt_every == 0 else
+                                  f"periodic, {cfg.ckpt_every_min:g} min since the last")
         elif run.checkpointer is not None and ckpt_now:
             run.checkpointer.save(run, state, "requested (SIGUSR1)")
         if ckpt_now:  # a SIGUSR1 that arrived after the agreement is served next step
@@ -305,6 +290,69 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
     why = "finished" if run.end_step == cfg.total_steps else \
         f"finished at the end the budget fitted (step {run.end_step} of at most {cfg.total_steps})"
     return _end(run, state, Outcome(EXIT_OK, why, state.step), checkpoint=True, final=True)
+
+
+def _log_step(run: Run, state: LoopState, meter: Throughput, metrics: dict[str, float], dt: float) -> None:
+    """The console line and the logged metrics of a logging step. MFU twice: honest (what the GPU did, attention
+    included) and the lab's 6N figure (ERRATA 1), each labelled."""
+    tokens_per_step = run.cfg.tokens_per_step()
+    mean_dt = meter.mean_step_s() if meter.times else dt
+    tps = tokens_per_step / mean_dt
+    peak = run.peak_tflops * 1e12 * run.world_size if run.peak_tflops else None
+    mfu = tps * run.flops_per_token / peak if peak else float("nan")
+    mfu_lab = tps * run.lab_flops_per_token / peak if peak and run.lab_flops_per_token else float("nan")
+    metrics.update({
+        "train/param_norm": param_norm(run.raw_model), "train/tokens_per_s": tps, "train/mfu": mfu,
+        "train/mfu_lab_6n": mfu_lab, "train/step_time_s": mean_dt, "train/tokens_seen": float(state.tokens_seen),
+    })
+    done, end = state.step, run.end_step
+    if run.tracker is not None:
+        run.tracker.log_metrics(done, dict(metrics))
+    eta = (end - done) * mean_dt
+    if math.isfinite(mfu):
+        lab = f", lab 6N {mfu_lab * 100:.1f}%" if math.isfinite(mfu_lab) else ""
+        mfu_s = f"MFU {mfu * 100:5.1f}% honest{lab}"
+    else:
+        mfu_s = "MFU n/a (no --peak-tflops)"
+    run.console(f"step {done:>7}/{end} | loss {metrics['train/loss']:7.4f} | lr {metrics['train/lr']:.2e} | "
+                f"grad {metrics['train/grad_norm']:7.3f} | {tps:10,.0f} tok/s | {mfu_s} | ETA {_fmt_eta(eta)}")
+
+
+class ThroughputFloor:
+    """``--min-tokens-per-s``, as the lab means it: during the run's first ``min_tokens_per_s_window_min``
+    minutes of training (summed over restarts) a warm window below the floor ends the run (exit 6, to
+    diagnose); later a drop is logged and alerted once per episode and training goes on, unless
+    ``min_tokens_per_s_always``."""
+
+    def __init__(self) -> None:
+        self.below = False   # inside a reported episode (after the window)
+
+    def check(self, run: Run, state: LoopState, meter: Throughput,
+              metrics: dict[str, float]) -> tuple[Outcome, bool] | None:
+        cfg = run.cfg.train
+        tps = metrics.get("train/tokens_per_s")
+        if cfg.min_tokens_per_s is None or tps is None or not meter.warm or not run.world.main:
+            return None
+        if tps >= cfg.min_tokens_per_s:
+            if self.below:
+                run.console(f"throughput back above --min-tokens-per-s: {tps:,.0f} tokens/s")
+            self.below = False
+            return None
+        what = (f"throughput {tps:,.0f} tokens/s over the last {len(meter.times)} steps is below "
+                f"--min-tokens-per-s {cfg.min_tokens_per_s:,.0f}")
+        in_window = state.train_time_s <= cfg.min_tokens_per_s_window_min * 60
+        if in_window or cfg.min_tokens_per_s_always:
+            run.console(f"{what}: stopping to diagnose (exit 6)")
+            return Outcome(EXIT_SLOW, "throughput below floor", state.step), True
+        if not self.below:
+            self.below = True
+            run.console(f"warning: {what} at step {state.step}, after the first "
+                        f"{cfg.min_tokens_per_s_window_min:g} min: training goes on (diagnose it: another process "
+                        "on the GPU, thermal throttling, a slow disk; --min-tokens-per-s-always stops instead)")
+            if run.alert is not None:
+                run.alert(f"x1 throughput dropped to {tps:,.0f} tokens/s at step {state.step}",
+                          f"{what}. The run continues.")
+        return None
 
 
 def _agree_end(run: Run, next_step: int) -> None:
@@ -326,6 +374,5 @@ def _eval_and_log(run: Run, state: LoopState) -> None:
 
 def _end(run: Run, state: LoopState, outcome: Outcome, checkpoint: bool, final: bool = False) -> Outcome:
     if checkpoint and run.checkpointer is not None:
-        run.checkpointer.save(run, state, "final" if final else outcome.reason)
-        run.checkpointer.wait()
+        run.checkpointer.save(run, state, "final" if final else outcome.reason, required=True)
     return outcome

@@ -65,6 +65,7 @@ class TrainOptions:
     sets: tuple[str, ...] = ()                                 # --set section.key=value, applied last
     budget: BudgetOptions = BudgetOptions()
     spike: SpikeOptions = SpikeOptions()
+    stop_grace_s: float = 25.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="override train.device (auto, cpu, cuda, cuda:N)")
     p.add_argument("--compile", dest="compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="run eagerly")
-    p.add_argument("--min-tokens-per-s", type=float, help="exit 6 when warm throughput falls below this")
+    p.add_argument("--ckpt-every-min", type=float,
+                   help="also checkpoint when this many minutes passed since the last one (override "
+                        "train.ckpt_every_min; the runbook uses 15)")
+    p.add_argument("--min-tokens-per-s", type=float,
+                   help="exit 6 when warm throughput falls below this during the first hour (the lab's check)")
+    p.add_argument("--min-tokens-per-s-window", type=float, metavar="MIN",
+                   help="minutes of training the floor ends the run in (default 60; later drops are logged and "
+                        "alerted; sets train.min_tokens_per_s_window_min)")
+    p.add_argument("--min-tokens-per-s-always", dest="min_tokens_per_s_always", action="store_true", default=None,
+                   help="the floor ends the run at any time, not only in its window")
+    p.add_argument("--stop-grace-s", type=float, default=25.0,
+                   help="SIGTERM/SIGHUP to exit in at most this many seconds: the checkpoint first, then MLflow "
+                        "with what is left (default 25; GCP gives 30 s, AWS 120 s)")
     p.add_argument("--peak-tflops", type=float, help="device bf16 peak for MFU (default: from the GPU's name)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any config key, e.g. --set optim.lr=1e-3 (repeatable; applied last)")
@@ -142,6 +155,8 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
         "train.total_steps": args.total_steps, "train.ckpt_every": args.ckpt_every,
         "train.eval_every": args.eval_every, "train.log_every": args.log_every, "train.seed": args.seed,
         "train.device": args.device, "train.compile": args.compile, "train.min_tokens_per_s": args.min_tokens_per_s,
+        "train.ckpt_every_min": args.ckpt_every_min, "train.min_tokens_per_s_window_min": args.min_tokens_per_s_window,
+        "train.min_tokens_per_s_always": args.min_tokens_per_s_always,
         "spike.skip_spike_steps": args.skip_spike_steps, "train.fit_to_budget": args.fit_to_budget,
     }
     budget = BudgetOptions(args.budget_cap_usd, args.budget_curr_cost_uri, args.budget_alert_usd,
@@ -154,4 +169,5 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
         experiment=args.experiment, run_name=args.run_name, resume=args.resume_from_latest,
         allow_config_change=args.allow_config_change, peak_tflops=args.peak_tflops,
         overrides={k: v for k, v in pairs.items() if v is not None}, sets=tuple(args.set), budget=budget,
-        spike=SpikeOptions(args.inject_spike_at_step, args.spike_batches, args.force_inject))
+        spike=SpikeOptions(args.inject_spike_at_step, args.spike_batches, args.force_inject),
+        stop_grace_s=args.stop_grace_s)

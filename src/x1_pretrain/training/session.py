@@ -1,12 +1,13 @@
 """One trainer process from options to exit code: config → device → launch gate → signals → build → loop.
 
 Exit codes: 0 finished · 2 bad usage/config/data · 3 budget stop with checkpoint · 4 budget stop without
-checkpoint · 5 diverged · 6 throughput below the floor · 75 interrupted after a clean checkpoint · 130 a
-second SIGINT · 1 anything unexpected.
+checkpoint · 5 diverged · 6 throughput below the floor · 7 the final or stop checkpoint could not be written ·
+75 interrupted after a clean checkpoint · 130 a second SIGINT · 1 anything unexpected.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -20,7 +21,17 @@ from ..budget.guard import Limits
 from ..budget.money import Lines
 from ..budget.source import read_source
 from ..core import config as C
-from ..core.errors import EXIT_ABORTED, EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW, EXIT_DIVERGED, EXIT_UNEXPECTED, X1Error
+from ..core.errors import (
+    EXIT_ABORTED,
+    EXIT_BUDGET_CHECKPOINT,
+    EXIT_BUDGET_NOW,
+    EXIT_CHECKPOINT_FAILED,
+    EXIT_DIVERGED,
+    EXIT_INTERRUPTED,
+    EXIT_UNEXPECTED,
+    CheckpointFailed,
+    X1Error,
+)
 from ..model import flops
 from . import checkpoint as ck
 from . import distributed
@@ -30,7 +41,7 @@ from .device import resolve_device
 from .lock import RunLock
 from .loop import Diverged, StopFlag, train_loop
 from .options import BudgetOptions, TrainOptions
-from .signals import install_signal_handlers, watch_parent
+from .signals import StopDeadline, install_signal_handlers, watch_parent
 
 Log = Callable[[str], None]
 
@@ -70,8 +81,9 @@ def budget_limits(b: BudgetOptions) -> Limits | None:
                   lines=Lines(buffer_usd=b.buffer_usd), reserve_min=b.reserve_min)
 
 
-def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: float | None, log: Log) -> int | None:
-    """The dry run, or the gate before anything is built: an exit code to stop with, or None to go on."""
+def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: float | None,
+                 log: Log) -> tuple[int, str] | None:
+    """The dry run, or the gate before anything is built: (exit code, why) to stop with, or None to go on."""
     b, limits = opts.budget, setup.limits
     latest = ck.read_latest(opts.ckpt_dir) if opts.resume else None
     done = int(latest.split("_")[1]) if latest and latest.startswith("step_") else 0
@@ -79,7 +91,7 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
                                 peak, b.assumed_mfu)
     plan = bg.Plan(cfg.train.total_steps, done, step_s, resumed=done > 0, fit_to_budget=cfg.train.fit_to_budget)
     if b.dry_run:
-        return bg.dry_run(str(b.source), limits, plan, b.max_rate_usd_per_hr, setup.alerter, log)
+        return bg.dry_run(str(b.source), limits, plan, b.max_rate_usd_per_hr, setup.alerter, log), "dry run"
     if not setup.alerter.channels():
         log("WARNING: the budget guard is on but NO ALERT CHANNEL is configured: budget stops, a falling or unknown "
             "spend and the alert line will reach nobody. Set X1_SLACK_WEBHOOK_URL and/or X1_SMTP_HOST + X1_SMTP_TO "
@@ -90,10 +102,10 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
         for problem in problems:
             print(f"error: launch refused: {problem}", file=sys.stderr)
         spent = reading.snapshot.spent_usd if reading.snapshot else None
-        subject, body = stop_message(EXIT_BUDGET_CHECKPOINT, "launch refused: " + "; ".join(problems),
-                                     limits.cap_usd, spent, None)
+        why = "launch refused: " + "; ".join(problems)
+        subject, body = stop_message(EXIT_BUDGET_CHECKPOINT, why, limits.cap_usd, spent, None)
         setup.alerter.send_within(subject, body)
-        return EXIT_BUDGET_CHECKPOINT
+        return EXIT_BUDGET_CHECKPOINT, why
     for problem in problems:
         log(f"warning: --force-launch given despite: {problem}")
     expect = bg.expectation(reading, plan, limits) if plan.fit_to_budget else None
@@ -102,6 +114,35 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
     if step_s is None:
         log("warning: the planned cost cannot be checked (no --expected-step-s and no known GPU peak)")
     return None
+
+
+def _end_at_last_checkpoint(opts: TrainOptions, log: Log, why: str) -> None:
+    """A launch refused on a resumed run ends the run where it stands, like a budget stop mid-run: the final
+    files from the newest complete checkpoint, and its MLflow run FINISHED (so export_run works)."""
+    found = ck.find_latest_complete(opts.ckpt_dir, log) if opts.resume else None
+    if found is None:
+        return
+    lock = RunLock(opts.ckpt_dir, log)
+    lock.acquire()
+    try:
+        hashes = ck.write_final_files(opts.ckpt_dir, found.path)
+        log(f"the run ends at its last checkpoint {found.path.name}: final weights {opts.ckpt_dir / ck.FINAL_MODEL}")
+        run_id = found.state.get("mlflow_run_id")
+        if not run_id:
+            return
+        from .tracking import MlflowTracker, resolve_uri
+
+        uri, _ = resolve_uri(opts.mlflow_uri, opts.ckpt_dir)
+        tracker = MlflowTracker(uri, None, "", run_id=str(run_id), experiment=opts.experiment)
+        tag_final(tracker, opts.ckpt_dir, found.path, hashes)
+        tracker.set_tags({"end_reason": why[:4000],
+                          "exit_code": EXIT_BUDGET_CHECKPOINT})
+        tracker.close("FINISHED", timeout_s=20.0, spill_dir=opts.ckpt_dir)
+    except (OSError, ValueError) as e:
+        print(f"warning: the final files could not be written from {found.path} ({e}); export_run --ckpt-dir "
+              f"{opts.ckpt_dir} still finds the checkpoint", file=sys.stderr)
+    finally:
+        lock.release()
 
 
 def train(opts: TrainOptions) -> int:
@@ -127,10 +168,14 @@ def train(opts: TrainOptions) -> int:
     if device.type == "cpu":
         keep_freed_memory()  # large CPU tensors would otherwise be page-faulted in again at every step
     peak = flops.peak_tflops(device_name(device) if device.type == "cuda" else None, opts.peak_tflops)
+    if not opts.stop_grace_s > 0:
+        raise X1Error(f"--stop-grace-s {opts.stop_grace_s} must be positive (seconds from SIGTERM to exit)")
     if setup is not None:
-        stop_code = _launch_gate(opts, cfg, setup, peak, log)
-        if stop_code is not None:
-            return stop_code
+        stop = _launch_gate(opts, cfg, setup, peak, log)
+        if stop is not None:
+            if stop[0] == EXIT_BUDGET_CHECKPOINT and world.main and not opts.budget.dry_run:
+                _end_at_last_checkpoint(opts, log, stop[1])
+            return stop[0]
     lock = RunLock(opts.ckpt_dir, log) if world.main else None
     if lock is not None:
         lock.acquire()  # before anything is written: a second trainer on this dir exits 2 naming the holder
@@ -155,9 +200,12 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
     stop = StopFlag()
     restore_signals = install_signal_handlers(stop)
     parent = watch_parent(stop)
+    expiry = _OutOfGrace(opts, stop, world.main)
+    deadline = StopDeadline(stop, opts.stop_grace_s, expiry).start()
     distributed.init(world, device.type)
     try:
-        ctx = Context(cfg, opts, world, device, log, stop, where.started_unix, setup if world.main else None)
+        ctx = Context(cfg, opts, world, device, log, stop, where.started_unix, setup if world.main else None,
+                      deadline=deadline, on_built=expiry.built.append)
         code = run_training(ctx, cap_set=setup is not None)
         if world.size > 1:
             # Ranks leave together once rank 0 has written its last checkpoint and its exit status: a rank
@@ -169,10 +217,44 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
             torch.distributed.barrier()
         return code
     finally:
+        deadline.close()
         if parent is not None:
             parent.set()
         restore_signals()
         distributed.shutdown(world)
+
+
+class _OutOfGrace:
+    """What the stop deadline does when ``--stop-grace-s`` has passed since the stop request: record the exit
+    status and end the process. 75 when the stop's checkpoint is on disk (only MLflow was late), else 7."""
+
+    def __init__(self, opts: TrainOptions, stop: StopFlag, main: bool) -> None:
+        self.opts, self.stop, self.main = opts, stop, main
+        self.built: list[Built] = []
+        self._exit = os._exit  # replaced in tests that must not end the test process
+
+    def checkpointed(self) -> bool:
+        if not self.built or self.built[0].checkpointer is None:
+            return True  # nothing built yet (nothing new to save), or a rank other than 0 (rank 0 saves)
+        chk, step = self.built[0].checkpointer, self.built[0].state.step
+        return chk.last_saved_step == step or chk.last_saved_at >= (self.stop.requested_at or float("inf"))
+
+    def __call__(self) -> None:
+        saved = self.checkpointed()
+        code = EXIT_INTERRUPTED if saved else EXIT_CHECKPOINT_FAILED
+        reason = (f"--stop-grace-s {self.opts.stop_grace_s:g} passed since {self.stop.requested}: "
+                  + ("the checkpoint is written; exiting before MLflow finished (its metrics are in the spill file "
+                     "or sent again on resume)" if saved else "no checkpoint of the last steps could be written "
+                     "in time; the previous complete checkpoint stays the latest"))
+        print(f"[x1] {reason}: exit {code}", flush=True)
+        if self.main:
+            try:
+                ck.write_exit_status(self.opts.ckpt_dir, code, reason)
+            except OSError as e:
+                print(f"warning: could not record the exit status ({e})", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._exit(code)
 
 
 def _first_check(ctx: Context, built: Built, cap_set: bool) -> tuple[int, str, float | None]:
@@ -212,6 +294,8 @@ def run_training(ctx: Context, cap_set: bool) -> int:
     if built.budget is not None:
         built.budget.watcher.start()
     start_batches(built)
+    if ctx.on_built is not None:
+        ctx.on_built(built)
     status = "FAILED"
     try:
         outcome = train_loop(built.run, built.state)
@@ -231,16 +315,29 @@ def run_training(ctx: Context, cap_set: bool) -> int:
               "and that fp32 master weights are on (train.precision bf16 keeps them); lower optim.lr if it "
               "persists.", file=sys.stderr)
         return EXIT_DIVERGED
+    except CheckpointFailed as e:
+        return _checkpoint_failed(ctx, built, e)
     except (X1Error, KeyboardInterrupt):
         raise
     except Exception:
         traceback.print_exc()
         return EXIT_UNEXPECTED
     finally:
-        _close(built, status, ctx.ckpt_dir)
+        _close(ctx, built, status)
 
 
-def _close(built: Built, status: str, ckpt_dir: Any) -> None:
+def _checkpoint_failed(ctx: Context, built: Built, e: CheckpointFailed) -> int:
+    """The checkpoint the run had to end with is not on disk (it was reported when it failed)."""
+    latest = ck.read_latest(ctx.ckpt_dir)
+    msg = (f"{e}. Exit {EXIT_CHECKPOINT_FAILED}: the watchdog relaunches from the last complete checkpoint "
+           f"({latest or 'none yet'}) once the disk of {ctx.ckpt_dir} has room")
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    built.tracker.set_tags({"end_reason": msg[:4000], "exit_code": EXIT_CHECKPOINT_FAILED})
+    return EXIT_CHECKPOINT_FAILED
+
+
+def _close(ctx: Context, built: Built, status: str) -> None:
+    """Close everything; after a stop request, within what is left of --stop-grace-s (MLflow gets the rest)."""
     if built.budget is not None:
         built.budget.close()
     if built.prefetch is not None:
@@ -249,7 +346,9 @@ def _close(built: Built, status: str, ckpt_dir: Any) -> None:
         if built.checkpointer is not None:
             built.checkpointer.wait()
     finally:
-        built.tracker.close(status, spill_dir=ckpt_dir)
+        left = ctx.deadline.remaining() if ctx.deadline is not None else None
+        built.tracker.close(status, timeout_s=None if left is None else max(left - 1.5, 0.5),
+                            spill_dir=ctx.ckpt_dir)
 
 
 def main_guarded(opts: TrainOptions) -> tuple[int, str]:

@@ -76,3 +76,35 @@ def watch_parent(stop: Any, every_s: float = 2.0) -> threading.Event | None:
 
     threading.Thread(target=run, name="x1-parent-watch", daemon=True).start()
     return done
+
+
+class StopDeadline:
+    """A bound on the stop: from the stop request (SIGTERM, SIGHUP, the watchdog's end) to the process's exit in
+    at most ``grace_s``. The loop writes the checkpoint first and MLflow gets what is left (``remaining``); if
+    the deadline passes anyway (a step that does not end, a store that does not answer), ``on_expire`` runs on
+    this thread: it records the exit status and ends the process."""
+
+    def __init__(self, stop: Any, grace_s: float, on_expire: Callable[[], None], poll_s: float = 0.1) -> None:
+        self.stop, self.grace_s, self.on_expire, self.poll_s = stop, grace_s, on_expire, poll_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="x1-stop-deadline", daemon=True)
+
+    def start(self) -> StopDeadline:
+        self._thread.start()
+        return self
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline, or None while no stop was requested."""
+        if self.stop.requested_at is None:
+            return None
+        return self.grace_s - (time.monotonic() - self.stop.requested_at)
+
+    def _run(self) -> None:
+        while not self._done.wait(self.poll_s):
+            left = self.remaining()
+            if left is not None and left <= 0:
+                self.on_expire()
+                return
+
+    def close(self) -> None:
+        self._done.set()

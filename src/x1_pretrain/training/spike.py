@@ -193,20 +193,24 @@ class SpikeReport:
 class SpikeWatch:
     """Detection (consulted inside the step, before the update) and reporting (a loop StepHook).
 
-    Around a spike the per-step history is logged densely: the last ``history`` steps before it and every
-    step for ``dense_after`` steps after, so the post-mortem has a full timeline even with --log-every 10.
+    Around a spike the per-step history is logged densely: the last ``HISTORY`` steps before it and every
+    step for ``DENSE_AFTER`` steps after, so the post-mortem has a full timeline even with --log-every 10.
     """
 
+    HISTORY = 16        # steps kept before a spike
+    DENSE_AFTER = 100   # steps logged densely after one
+
     def __init__(self, detector: SpikeDetector, injector: SpikeInjector | None, skip_updates: bool,
-                 force_inject: bool, report: SpikeReport, history: int = 16, dense_after: int = 100) -> None:
+                 force_inject: bool, report: SpikeReport, warmup_steps: int = 0) -> None:
         self.detector = detector
+        self.warmup_steps = warmup_steps   # the optimizer's LR warm-up: detections inside it never cancel
         self.injector = injector
         self.skip_updates = skip_updates
         self.force_inject = force_inject
         self._log, self._metrics, self._tags = report.log, report.metrics, report.tags
-        self._ring: deque[tuple[int, dict[str, float]]] = deque(maxlen=history)
+        self._ring: deque[tuple[int, dict[str, float]]] = deque(maxlen=self.HISTORY)
         self._dense_until = -1
-        self._dense_after = dense_after
+        self._dense_after = self.DENSE_AFTER
         self._event: SpikeEvent | None = None
         self._skipped = False
 
@@ -242,16 +246,27 @@ class SpikeWatch:
             self._start_dense(step)
             if inj is not None and inj.cancelled is None and not injected and step < inj.schedule.at_step \
                     and not self.force_inject:
-                inj.cancelled = f"natural spike at step {step} before step {inj.schedule.at_step}"
-                self._log(f"spike injection skipped: a natural spike came first (step {step}); write its "
-                          "post-mortem instead (--force-inject injects anyway)")
-                self._tags({"spike_injection_skipped": inj.cancelled})
+                self._maybe_cancel(inj, ev)
         if inj is not None and injected and step == inj.schedule.at_step + inj.schedule.batches - 1:
             self._log(f"spike injection: done after step {step}; back to the data")
         self._ring.append((step, basic))
         if step <= self._dense_until or extra:
             self._metrics(step, {**basic, **extra})
         return None
+
+    def _maybe_cancel(self, inj: SpikeInjector, ev: SpikeEvent) -> None:
+        """Only a natural *loss* spike after the LR warm-up replaces the planned injection: a grad-norm blip
+        alone, or anything during warm-up (where large gradients are normal), is no spike to write up."""
+        step = ev.step
+        if "loss" not in ev.by or step <= self.warmup_steps:
+            why = "grad norm only" if "loss" not in ev.by else f"during the LR warm-up (step <= {self.warmup_steps})"
+            self._log(f"spike injection kept: the detection at step {step} is {why}; the injection at step "
+                      f"{inj.schedule.at_step} goes ahead")
+            return
+        inj.cancelled = f"natural loss spike at step {step} before step {inj.schedule.at_step}"
+        self._log(f"spike injection skipped: a natural loss spike came first (step {step}, after the warm-up); "
+                  "write its post-mortem instead (--force-inject injects anyway)")
+        self._tags({"spike_injection_skipped": inj.cancelled})
 
     def _start_dense(self, step: int) -> None:
         for s, m in self._ring:  # the steps just before, which --log-every may have skipped

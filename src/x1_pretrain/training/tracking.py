@@ -7,6 +7,7 @@ and retried with backoff, and a single warning is printed per outage.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -26,6 +27,24 @@ from ..core.names import EXPERIMENT
 _MAX_BATCH = 1000        # MLflow's limit of metrics per log_batch
 _MAX_PARAMS = 100        # and of params
 _MAX_BUFFER = 2_000_000  # metrics kept while the server is down (oldest dropped beyond, with a warning)
+SPILL_PREFIX = "mlflow-undelivered-"
+
+
+def _within(seconds: float, call: Any) -> bool:
+    """Run ``call`` on a helper thread; True if it returned without error within ``seconds``."""
+    ok: list[bool] = []
+
+    def target() -> None:
+        try:
+            call()
+            ok.append(True)
+        except Exception as e:
+            _warn(f"{type(e).__name__} from the tracking store")
+
+    t = threading.Thread(target=target, name="x1-mlflow-call", daemon=True)
+    t.start()
+    t.join(seconds)
+    return bool(ok)
 
 
 def _warn(msg: str) -> None:
@@ -97,11 +116,21 @@ class MlflowTracker:
         self._down_since: float | None = None
         self._dropped = 0
         self.resumed = run_id is not None
-        self._ensure_run()
+        # The first contact (create or reopen the run) is bounded too: a server that accepts connections and
+        # never answers must not hold the trainer at its start; the sender thread keeps trying.
+        first = threading.Thread(target=self._first_contact, name="x1-mlflow-start", daemon=True)
+        first.start()
+        first.join(float(os.environ.get("X1_MLFLOW_START_TIMEOUT_S", "20")))
+        if first.is_alive():
+            self._note_down(TimeoutError("no answer to the first request"))
         self._thread = threading.Thread(target=self._loop, name="x1-mlflow", daemon=True)
         self._thread.start()
 
     # -- run creation (may be deferred while the server is unreachable) --
+    def _first_contact(self) -> None:
+        with self._send_lock:
+            self._ensure_run()
+
     def _ensure_run(self) -> bool:
         if self.run_id is not None and not getattr(self, "_run_checked", False):
             try:
@@ -168,60 +197,106 @@ class MlflowTracker:
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Synchronous (rare, small files). Failure warns and returns."""
-        with self._send_lock:  # the sender thread may be creating the run right now
+        if not self._send_lock.acquire(timeout=10.0):  # the sender may be creating the run, or stuck
+            _warn(f"could not store artifact {path.name} (the tracking store is not answering)")
+            return
+        try:
             if not self._ensure_run() or self.run_id is None:
                 return
-            try:
-                self._client.log_artifact(self.run_id, str(path), artifact_path)
-            except Exception as e:
-                why = redact.scrub(str(e), self.uri)[:200]
-                _warn(f"could not store artifact {path.name} ({type(e).__name__}: {why})")
+            self._client.log_artifact(self.run_id, str(path), artifact_path)
+        except Exception as e:
+            why = redact.scrub(str(e), self.uri)[:200]
+            _warn(f"could not store artifact {path.name} ({type(e).__name__}: {why})")
+        finally:
+            self._send_lock.release()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Send everything buffered now; True when the buffer is empty afterwards."""
+        """Send everything buffered now; True when the buffer is empty afterwards. Returns within ``timeout_s``
+        even when the sender thread is stuck in a request to a server that never answers."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._send_once():
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._send_once(timeout_s=left):
                 return True
             time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
-        return False
 
     def close(self, status: str = "FINISHED", timeout_s: float | None = None,
               spill_dir: Path | None = None) -> None:
-        """Flush (for up to ``timeout_s``, default $X1_MLFLOW_CLOSE_TIMEOUT_S or 30 s) and end the run.
+        """Flush and end the run, all within ``timeout_s`` (default $X1_MLFLOW_CLOSE_TIMEOUT_S or 30 s).
 
-        Metrics still undelivered are written to ``spill_dir/mlflow-undelivered-<pid>.jsonl``.
+        Metrics still undelivered are written to ``spill_dir/mlflow-undelivered-<pid>.jsonl``; the next process
+        of the run (``--resume-from-latest``) sends them again (:meth:`redeliver`).
         """
         if timeout_s is None:
             timeout_s = float(os.environ.get("X1_MLFLOW_CLOSE_TIMEOUT_S", "30"))
+        deadline = time.monotonic() + max(timeout_s, 0.0)
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=timeout_s)
-        if not self.flush(timeout_s):
-            with self._lock:
-                left = list(self._pending.metrics)
-            where = ""
-            if spill_dir is not None and left:
-                import json
+        self._thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        if not self.flush(max(deadline - time.monotonic(), 0.0)):
+            self._spill(spill_dir)
+        if self.run_id is not None:
+            run_id = self.run_id
+            ok = _within(max(deadline - time.monotonic(), 0.5),
+                         lambda: self._client.set_terminated(run_id, status=status))
+            if not ok:
+                _warn(f"could not mark the run {status} in time (the next resume marks it RUNNING again)")
 
+    def _spill(self, spill_dir: Path | None) -> None:
+        with self._lock:
+            left = list(self._pending.metrics)
+        if not left:
+            return
+        where = ""
+        if spill_dir is not None:
+            try:
                 spill_dir.mkdir(parents=True, exist_ok=True)
-                path = spill_dir / f"mlflow-undelivered-{os.getpid()}.jsonl"
+                path = spill_dir / f"{SPILL_PREFIX}{os.getpid()}.jsonl"
                 with open(path, "a") as f:
                     for m in left:
                         f.write(json.dumps({"key": m.key, "value": m.value, "step": m.step,
                                             "timestamp": m.timestamp, "run_id": self.run_id}) + "\n")
-                where = f"; saved to {path}"
-            _warn(f"{len(left)} metrics could not be delivered to {redact.url(self.uri)} before exit{where}")
-        if self.run_id is not None:
+                where = f"; saved to {path} (sent again when the run resumes)"
+            except OSError as e:
+                where = f"; they could not be saved either ({e})"
+        _warn(f"{len(left)} metrics could not be delivered to {redact.url(self.uri)} before exit{where}")
+
+    def redeliver(self, spill_dir: Path, up_to_step: int) -> int:
+        """Queue the metrics an earlier process of this run could not deliver (its spill files), up to the step
+        it resumes from (later steps are replayed and logged again); returns how many. The files are removed:
+        what is queued now is spilled again if it cannot be delivered either."""
+        from mlflow.entities import Metric
+
+        count = 0
+        for path in sorted(spill_dir.glob(f"{SPILL_PREFIX}*.jsonl")):
+            items = []
             try:
-                self._client.set_terminated(self.run_id, status=status)
-            except Exception as e:
-                _warn(f"could not mark the run {status} ({type(e).__name__})")
+                for line in path.read_text().splitlines():
+                    r = json.loads(line)
+                    if r.get("run_id") in (None, self.run_id) and int(r["step"]) <= up_to_step:
+                        items.append(Metric(str(r["key"]), float(r["value"]), int(r["timestamp"]), int(r["step"])))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                _warn(f"{path} could not be read ({e}); left in place")
+                continue
+            with self._lock:
+                self._pending.metrics.extend(items)
+            count += len(items)
+            path.unlink(missing_ok=True)
+        if count:
+            self._wake.set()
+        return count
 
     # -- background sending --
-    def _send_once(self) -> bool:
-        with self._send_lock:
+    def _send_once(self, timeout_s: float | None = None) -> bool:
+        # a bounded wait for the lock: the sender thread may be stuck in a request that never returns
+        if not self._send_lock.acquire(timeout=-1 if timeout_s is None else max(timeout_s, 0.0)):
+            return False
+        try:
             return self._send_locked()
+        finally:
+            self._send_lock.release()
 
     def _send_locked(self) -> bool:
         with self._lock:
@@ -308,3 +383,6 @@ class NullTracker:
 
     def close(self, status: str = "FINISHED", timeout_s: float | None = None, spill_dir: Path | None = None) -> None:
         return None
+
+    def redeliver(self, spill_dir: Path, up_to_step: int) -> int:
+        return 0

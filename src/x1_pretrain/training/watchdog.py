@@ -20,14 +20,22 @@ from ..budget.guard import Decision
 from ..budget.outside import OutsideGuard
 from ..budget.terminate import EndOfBill, end_the_bill
 from ..core import redact
-from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNEXPECTED
+from ..core.errors import (
+    EXIT_BUDGET_CHECKPOINT,
+    EXIT_BUDGET_NOW,
+    EXIT_CHECKPOINT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNEXPECTED,
+)
 from .checkpoint import EXIT_STATUS_ENV, read_exit_status, read_latest, read_progress, write_exit_status
 from .signals import WATCHDOG_PID_ENV
 
-RELAUNCH = {EXIT_INTERRUPTED, EXIT_UNEXPECTED}
+RELAUNCH = {EXIT_INTERRUPTED, EXIT_UNEXPECTED, EXIT_CHECKPOINT_FAILED}
 FOR_GOOD = {EXIT_OK, EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW}   # after these, --terminate-on-exit ends the bill
 MEANING = {0: "finished", 1: "unexpected failure", 2: "bad usage/config/data", 3: "budget stop (checkpointed)",
            4: "budget stop (no checkpoint)", 5: "diverged", 6: "throughput below floor",
+           7: "the final or stop checkpoint could not be written (the last good one is kept)",
            75: "interrupted after a checkpoint", 130: "aborted by a second SIGINT"}
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -39,7 +47,7 @@ def describe_exit(code: int) -> str:
 
 
 def should_relaunch(code: int) -> bool:
-    """Relaunch after 75, 1 or death by a signal (negative returncode, or 128+N from a shell)."""
+    """Relaunch after 75, 7, 1 or death by a signal (negative returncode, or 128+N from a shell)."""
     return code in RELAUNCH or code < 0 or (128 < code < 160 and code != 130)
 
 
