@@ -90,6 +90,10 @@ def test_a_boundary_in_time_cancels_the_timer_and_checkpoints():
         outcome, checkpoint = control.after_step(Run, State, {})
         time.sleep(0.8)
         assert (outcome.exit_code, checkpoint, codes) == (3, True, [])
+        # a stop asked for while the last step ran cuts nothing: the run finishes (exit 0 from the loop)
+        control.on_verdict(control.monitor.check())
+        State.step = Run.end_step
+        assert control.after_step(Run, State, {}) is None and control.request is None
 
 
 def test_stop_messages_say_what_to_do_next():

@@ -31,17 +31,17 @@ def leftovers(ckpt) -> list[str]:
 
 
 def test_a_checkpoint_that_fails_is_reported_at_once_and_training_goes_on(demo_data, tmp_path):
-    """ENOSPC at the step-10 write: the console says so at once, MLflow is tagged, the alert reaches a real
-    webhook; the half-written dir is gone, the step-20 checkpoint is written on schedule, and a SIGTERM
+    """ENOSPC at the step-5 write: the console says so at once, MLflow is tagged, the alert reaches a real
+    webhook; the half-written dir is gone, the step-10 checkpoint is written on schedule, and a SIGTERM
     after all that is still a clean interrupt (75), not a usage error."""
     ckpt, hook = tmp_path / "c", JsonServer()
     hook.route("/hook", {"ok": True})
     log = tmp_path / "a.log"
-    cmd = on_failing_disk("10", train_cmd(demo_data, ckpt, 400, ckpt_every=10))
+    cmd = on_failing_disk("5", train_cmd(demo_data, ckpt, 400, ckpt_every=5))
     env = {**os.environ, "X1_SLACK_WEBHOOK_URL": hook.base + "/hook"}
     proc = start(cmd, log, env)
     try:
-        wait_for(lambda: ck.read_latest(ckpt) == "step_0000020" and progress_step(ckpt) >= 22, proc=proc,
+        wait_for(lambda: ck.read_latest(ckpt) == "step_0000010" and progress_step(ckpt) >= 12, proc=proc,
                  timeout=180)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
@@ -51,18 +51,18 @@ def test_a_checkpoint_that_fails_is_reported_at_once_and_training_goes_on(demo_d
         hook.close()
     text = log.read_text()
     assert code == 75, text[-3000:]
-    line = next(x for x in text.splitlines() if "checkpoint step_0000010 (periodic) could not be written" in x)
+    line = next(x for x in text.splitlines() if "checkpoint step_0000005 (periodic) could not be written" in x)
     assert "No space left on device" in line and "there is no complete checkpoint yet" in line
     # reported when it happened (the async write takes well under 5 steps here), not at the next checkpoint
-    assert text.index(line) < text.index(f"step {15:>7}/")
-    assert leftovers(ckpt) == [] and not (ckpt / "step_0000010").exists()
-    assert ck.verify(ckpt / "step_0000020")[0]["step"] == 20
+    assert text.index(line) < text.index(f"step {10:>7}/")
+    assert leftovers(ckpt) == [] and not (ckpt / "step_0000005").exists()
+    assert ck.verify(ckpt / "step_0000010")[0]["step"] == 10
     stop = ck.read_latest(ckpt)
-    assert int(stop.split("_")[1]) >= 22 and ck.read_exit_status(ckpt)["exit_code"] == 75
+    assert int(stop.split("_")[1]) >= 12 and ck.read_exit_status(ckpt)["exit_code"] == 75
     _, runs = run_info(ckpt)
     tags = runs[0].data.tags
-    assert tags["checkpoint_failures"] == "1" and "step_0000010 (periodic)" in tags["checkpoint_failed"]
-    alerts = [b for b in hook.bodies("/hook") if "step_0000010 FAILED" in json.dumps(b)]
+    assert tags["checkpoint_failures"] == "1" and "step_0000005 (periodic)" in tags["checkpoint_failed"]
+    alerts = [b for b in hook.bodies("/hook") if "step_0000005 FAILED" in json.dumps(b)]
     assert len(alerts) == 1 and "No space left on device" in json.dumps(alerts[0])
 
 

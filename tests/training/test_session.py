@@ -117,7 +117,7 @@ def test_bad_data_dir_is_a_usage_error(tmp_path, capsys):
 
 
 def test_throughput_floor_exits_6_in_the_first_hour_and_warns_once_after_it(demo_data, tmp_path, capsys):
-    floor = ["--total-steps", "16", "--log-every", "1", "--min-tokens-per-s", "1e12",
+    floor = ["--total-steps", "10", "--log-every", "1", "--min-tokens-per-s", "1e12",
              "--set", "train.throughput_window=3", *FAST]
     base = ["--config", str(TINY), "--data-dir", str(demo_data)]
     code = train.main([*base, "--ckpt-dir", str(tmp_path / "c"), *floor])

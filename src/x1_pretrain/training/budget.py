@@ -207,6 +207,10 @@ class BudgetControl:
         if self._timer is not None:
             self._timer.cancel()  # the boundary came: the checkpoint will be written
         code, reason = self.request
+        if state.step >= run.end_step:   # the stop came with the last step: nothing is cut, the run finishes
+            self.log(f"{reason}: the run is at its last step ({state.step}) already, so it finishes normally")
+            self.request = None
+            return None
         return Outcome(code, reason, state.step), True
 
     def close(self) -> None:

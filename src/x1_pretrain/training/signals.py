@@ -108,3 +108,5 @@ class StopDeadline:
 
     def close(self) -> None:
         self._done.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)   # no thread of ours may outlive the process group's teardown
