@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.x1-installed
 
-.PHONY: demo test lint typecheck clean-venv tokenizer
+.PHONY: demo test test-compat lint typecheck clean-venv tokenizer
 
 $(STAMP): pyproject.toml
 	@if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
@@ -28,6 +28,29 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -n 2 tests
+
+# The users' container versions (nvcr.io/nvidia/pytorch:24.10-py3): Python 3.10 + torch 2.5, with the
+# transformers that works with it (constraints/torch25.txt). Skipped, saying so, where no Python 3.10 exists.
+COMPAT_VENV  ?= .venv-compat
+COMPAT_TORCH ?= torch==2.5.1
+COMPAT_STAMP := $(COMPAT_VENV)/.x1-installed
+
+$(COMPAT_STAMP): pyproject.toml constraints/torch25.txt
+	@py="$$(.ci/python310)" || { echo "[compat] no Python 3.10 found (set X1_COMPAT_PYTHON)"; exit 3; }; \
+	  echo "[compat] $$py"; test -x $(COMPAT_VENV)/bin/python || "$$py" -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -c "import torch" >/dev/null 2>&1 || \
+	  $(COMPAT_VENV)/bin/pip install --quiet "$(COMPAT_TORCH)"
+	$(COMPAT_VENV)/bin/pip install --quiet -c constraints/torch25.txt -e '.[test]'
+	$(COMPAT_VENV)/bin/python -m x1_pretrain.tokenizer fetch
+	@touch $(COMPAT_STAMP)
+
+test-compat:
+	@if ! .ci/python310 >/dev/null; then \
+	  echo "[compat] SKIPPED: no Python 3.10 on this machine (set X1_COMPAT_PYTHON to one)"; exit 0; fi; \
+	$(MAKE) --no-print-directory $(COMPAT_STAMP) && \
+	$(COMPAT_VENV)/bin/python -c "import sys, torch, transformers; print('[compat] Python', sys.version.split()[0], \
+	  '| torch', torch.__version__, '| transformers', transformers.__version__)" && \
+	$(COMPAT_VENV)/bin/python -m pytest -n 2 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

@@ -3,7 +3,7 @@ from __future__ import annotations
 import math
 
 from x1_pretrain.core.config import Config, ModelConfig
-from x1_pretrain.model.flops import describe, flops_per_token, mfu, param_counts, peak_tflops
+from x1_pretrain.model.flops import describe, device_peak, flops_per_token, mfu, param_counts, peak_tflops
 
 
 def test_lab_parameter_counts_without_allocating():
@@ -37,8 +37,13 @@ def test_flops_match_the_errata():
 
 def test_peak_table_and_override():
     assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
-    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0
-    assert peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0      # what torch calls the SXM part
+    assert peak_tflops("NVIDIA H100 PCIe") == 756.0 and peak_tflops("NVIDIA H100 NVL") == 835.0
+    assert peak_tflops("NVIDIA H200") == 989.0 and peak_tflops("NVIDIA GH200 480GB") == 989.0
+    assert peak_tflops("NVIDIA L40S") == 362.0 and peak_tflops("NVIDIA L4") == 121.0
+    peak, why = device_peak("NVIDIA H100")                     # which H100? the name does not say
+    assert peak is None and "989 SXM, 756 PCIe, 835 NVL" in why
+    assert device_peak("Some Future GPU")[0] is None and "not in the peak table" in device_peak("Some Future GPU")[1]
     assert peak_tflops("cpu") is None
     assert peak_tflops("whatever", 100.0) == 100.0
     assert math.isnan(mfu(1000.0, 10, None))

@@ -62,6 +62,7 @@ def test_metrics_params_and_tags_at_every_log_step(demo_data, tmp_path, capsys):
     assert p["model.n_layer"] == "2" and p["train.seed"] == "42" and p["world_size"] == "1"
     assert len(p["config_sha256"]) == 64 and p["version.torch"]
     assert run.data.tags["host"] == socket.gethostname() and "cpu" in run.data.tags["device"]
+    assert run.data.tags["compile_mode_effective"] == "off"
     arts = [a.path for a in client.list_artifacts(run.info.run_id, "config")]
     assert len(arts) == 1 and arts[0].endswith(".yaml")
 

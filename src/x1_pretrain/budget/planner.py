@@ -13,8 +13,9 @@ from .money import DEFAULT_MFU, DEFAULT_RESERVE_MIN, Lines, Money, steps_that_fi
 
 # --gpu name -> (key of flops.PEAK_TFLOPS_BF16, memory in GB). Dense bf16 peaks, SXM parts for H100/H200.
 GPUS: dict[str, tuple[str, int]] = {
-    "a100-80gb": ("a100", 80), "a100-40gb": ("a100", 40), "h100": ("h100", 80), "h200": ("h200", 141),
-    "h800": ("h800", 80), "l40s": ("l40s", 48), "a10g": ("a10g", 24), "l4": ("l4", 24),
+    "a100-80gb": ("a100", 80), "a100-40gb": ("a100", 40), "h100": ("h100 sxm", 80),
+    "h100-pcie": ("h100 pcie", 80), "h100-nvl": ("h100 nvl", 94), "h200": ("h200", 141),
+    "h800": ("h800 sxm", 80), "l40s": ("l40s", 48), "a10g": ("a10g", 24), "l4": ("l4", 24),
     "rtx4090": ("rtx 4090", 24), "rtx3090": ("rtx 3090", 24), "v100": ("v100", 32),
 }
 # Hoffmann et al. 2022 ("Chinchilla"), approach 3: L(N, D) = E + A / N^alpha + B / D^beta.

@@ -182,10 +182,11 @@ class Sampler:
 
 
 def gather(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and targets (B, T) as int64 tensors."""
+    """Inputs and targets (B, T) as contiguous int64 tensors (views of one (B, T+1) array would make the
+    pinned copy and the host-to-device transfer of each a strided, synchronous one)."""
     rows = np.stack([np.asarray(tokens[s:s + seq_len + 1]) for s in starts]).astype(np.int64)
     t = torch.from_numpy(rows)
-    return t[:, :-1], t[:, 1:]
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
 def val_starts(n_tokens: int, seq_len: int, count: int) -> np.ndarray:

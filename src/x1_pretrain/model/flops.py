@@ -13,12 +13,16 @@ from dataclasses import dataclass
 
 from ..core.config import ModelConfig
 
-# Dense bf16 tensor-core peaks in TFLOP/s (no sparsity), from the vendors' data sheets.
+# Dense bf16 tensor-core peaks in TFLOP/s (no sparsity), from the vendors' data sheets, per product variant:
+# an H100 PCIe (756) is not an H100 SXM (989), so a name that does not say which variant is not guessed.
 PEAK_TFLOPS_BF16: dict[str, float] = {
-    "a100": 312.0,
-    "h100": 989.0,
-    "h200": 989.0,
-    "h800": 989.0,
+    "a100": 312.0,       # SXM4 and PCIe, 40 and 80 GB alike
+    "h100 sxm": 989.0,
+    "h100 pcie": 756.0,
+    "h100 nvl": 835.0,
+    "h200": 989.0,       # H200 SXM and GH200
+    "h800 sxm": 989.0,
+    "h800 pcie": 756.0,
     "a10g": 125.0,
     "l4": 121.0,
     "l40s": 362.0,
@@ -26,6 +30,31 @@ PEAK_TFLOPS_BF16: dict[str, float] = {
     "rtx 3090": 71.0,
     "v100": 125.0,  # fp16 tensor cores; no bf16
 }
+
+# How torch.cuda.get_device_name() spells each variant: (every one of these words in the lower-cased name) ->
+# table key, first match wins. "NVIDIA H100 80GB HBM3" is the SXM part; "NVIDIA H100 PCIe" and "NVIDIA H100
+# NVL" say so.
+_DEVICE_NAMES: list[tuple[tuple[str, ...], str]] = [
+    (("h100", "nvl"), "h100 nvl"), (("h100", "pcie"), "h100 pcie"), (("h100", "hbm3"), "h100 sxm"),
+    (("h100", "sxm"), "h100 sxm"), (("h800", "pcie"), "h800 pcie"), (("h800", "hbm3"), "h800 sxm"),
+    (("h800", "sxm"), "h800 sxm"), (("h200",), "h200"), (("a100",), "a100"), (("a10g",), "a10g"),
+    (("l40s",), "l40s"), (("l4",), "l4"), (("4090",), "rtx 4090"), (("3090",), "rtx 3090"), (("v100",), "v100"),
+]
+
+
+def device_peak(device_name: str | None) -> tuple[float | None, str]:
+    """(bf16 peak, how it was decided) for a device name; None with the reason when the table cannot say."""
+    if not device_name:
+        return None, "no device name"
+    name = device_name.lower()
+    for words, key in _DEVICE_NAMES:
+        if all(w in name for w in words):
+            return PEAK_TFLOPS_BF16[key], f"{device_name!r} is the {key.upper()} ({PEAK_TFLOPS_BF16[key]:g} TFLOP/s)"
+    family = next((f for f in ("h100", "h800") if f in name), None)
+    if family:
+        return None, (f"{device_name!r} is an {family.upper()} whose variant (SXM, PCIe, NVL) the name does not "
+                      "say; pass --peak-tflops (989 SXM, 756 PCIe, 835 NVL)")
+    return None, f"{device_name!r} is not in the peak table; pass --peak-tflops"
 
 
 @dataclass(frozen=True)
@@ -83,16 +112,10 @@ def flops_per_token(m: ModelConfig) -> FlopsPerToken:
 
 
 def peak_tflops(device_name: str | None, override: float | None = None) -> float | None:
-    """bf16 peak of a device by name (``NVIDIA A100-SXM4-80GB`` → 312), the override, or None."""
+    """bf16 peak of a device by its exact name (``NVIDIA H100 PCIe`` → 756), the override, or None."""
     if override is not None:
         return override
-    if not device_name:
-        return None
-    name = device_name.lower()
-    for key in sorted(PEAK_TFLOPS_BF16, key=len, reverse=True):
-        if key in name:
-            return PEAK_TFLOPS_BF16[key]
-    return None
+    return device_peak(device_name)[0]
 
 
 def mfu(tokens_per_s: float, flops_per_tok: int, peak_tflops_per_device: float | None, n_devices: int = 1) -> float:
@@ -116,5 +139,6 @@ def describe(m: ModelConfig, device_name: str | None = None, peak_override: floa
         tps = 0.48 * peak * 1e12 / f.honest
         lines.append(f"peak {peak:g} TFLOP/s bf16: MFU 0.48 means {tps:,.0f} tokens/s (honest accounting)")
     else:
-        lines.append("peak: unknown for this device (MFU not reported; pass --peak-tflops to set it)")
+        why = device_peak(device_name)[1] if device_name else "this device has no listed peak"
+        lines.append(f"peak: unknown ({why}; MFU not reported until --peak-tflops sets it)")
     return "\n".join(lines)

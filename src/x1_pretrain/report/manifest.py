@@ -266,6 +266,10 @@ def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], rep
                         "note": "the YAML file as found at export time; config_sha256 hashes the resolved config "
                                 "(file + flags + --set) the run used"},
         "config": cfg,
+        "compile": {"requested": (cfg.get("train") or {}).get("compile_mode")
+                    if (cfg.get("train") or {}).get("compile") else "off",
+                    "effective": run.tags.get("compile_mode_effective"),
+                    "fallback_error": run.tags.get("compile_fallback")},
         "cluster": _cluster(run, state, provider, instance_type),
         "dollars": dollars,
         "progress": {"steps": state.get("step"), "total_steps": (cfg.get("train") or {}).get("total_steps"),

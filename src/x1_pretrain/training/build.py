@@ -24,7 +24,7 @@ from ..model.transformer import Transformer, state_dict_for_saving
 from . import checkpoint as ck
 from .budget import BudgetControl, FitContext
 from .checkpointer import CheckpointCalls, Checkpointer
-from .device import CompileFallback, hardware_plan, seed_everything
+from .device import CompileFallback, effective_compile_mode, hardware_plan, seed_everything
 from .distributed import World
 from .hooks import ProgressFile
 from .loop import LoopState, Run, StopFlag
@@ -317,6 +317,16 @@ def _val_batches(ctx: Context, data: TokenData) -> list[Any]:
             for i in range(0, len(starts), cfg.train.micro_batch_size)]
 
 
+def _compile_fallback_report(ctx: Context, tracker: Any, alert: Any) -> Any:
+    def report(error: str) -> None:
+        tracker.set_tags({"compile_fallback": error[:4000], "compile_mode_effective": "eager (fallback)"})
+        if alert is not None:
+            alert(f"x1 torch.compile failed in {ctx.ckpt_dir}: training continues eagerly",
+                  f"torch.compile raised {error}. The run goes on without compilation (slower, and every hour "
+                  "costs the same). Fix the cause and relaunch with --resume-from-latest, or pass --no-compile.")
+    return report
+
+
 def build_run(ctx: Context) -> Built:
     """Build everything the loop needs, in the order the log tells it."""
     cfg, log = ctx.cfg, ctx.log
@@ -324,11 +334,16 @@ def build_run(ctx: Context) -> Built:
     resume = find_resume(ctx.ckpt_dir, ctx.opts.resume, ctx.opts.allow_config_change, cfg, data, log)
     model, forward, optimizer, state = _model(ctx, resume)
     ddp = forward if ctx.world.size > 1 else None
+    fallback: CompileFallback | None = None
+    mode = "off"
     if cfg.train.compile:
         import torch
 
-        log(f"torch.compile mode={cfg.train.compile_mode} (first step includes compilation)")
-        forward = CompileFallback(torch.compile(forward, mode=cfg.train.compile_mode), forward, log)
+        mode, why = effective_compile_mode(cfg.train.compile_mode, len(ctx.world.chunks(cfg.train.grad_accum_steps)))
+        if why:
+            log(why)
+        log(f"torch.compile mode={mode} (first step includes compilation)")
+        forward = fallback = CompileFallback(torch.compile(forward, mode=mode), forward, log)
     chunks_per_step = cfg.train.batch_size // cfg.train.micro_batch_size
     sampler = Sampler(data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size, chunks_per_step)
     val_batches = _val_batches(ctx, data)
@@ -336,6 +351,7 @@ def build_run(ctx: Context) -> Built:
         f"{data.val.size:,} val tokens ({sum(len(x) for x, _ in val_batches)} fixed eval windows); "
         f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")
     tracker = _tracker(ctx, uri, artifact_location, resume, data)
+    tracker.set_tags({"compile_mode_effective": mode})
     trainer_state = TrainerState(ctx, data, sampler, tracker, resume)
     trainer_state.uri = uri
     injector, spike_watch = _spikes(ctx, data, tracker, resume)
@@ -344,6 +360,8 @@ def build_run(ctx: Context) -> Built:
                             _fit_context(ctx, resume)) if ctx.budget is not None else None
     trainer_state.monitor = control.monitor if control is not None else None
     alert = alert_sender(ctx)
+    if fallback is not None:
+        fallback.on_fallback = _compile_fallback_report(ctx, tracker, alert)
     checkpointer = _checkpointer(ctx, tracker, trainer_state, resume, alert)
     hooks: list[Any] = [spike_watch]
     if checkpointer is not None:

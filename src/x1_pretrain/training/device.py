@@ -68,24 +68,47 @@ def hardware_plan(cfg: Any, device: Any, log: Log) -> bool:
     return True
 
 
-class CompileFallback:
-    """Calls the compiled model; if compilation fails, warns once and carries on eagerly."""
+# Inductor modes that capture CUDA graphs, and the same mode without them. CUDA graphs under gradient
+# accumulation overwrite their static outputs between micro-steps: "accessing tensor output of CUDAGraphs
+# that has been overwritten" in backward, or silently wrong sums (pytorch/pytorch #169545, #96693).
+WITHOUT_CUDA_GRAPHS = {"max-autotune": "max-autotune-no-cudagraphs", "reduce-overhead": "default"}
 
-    def __init__(self, compiled: Any, eager: Any, log: Log) -> None:
-        self.compiled, self.eager, self.log = compiled, eager, log
-        self.failed = False
+
+def effective_compile_mode(mode: str, micro_steps: int) -> tuple[str, str | None]:
+    """(the mode to compile with, why it is not ``mode`` or None) for ``micro_steps`` per optimizer step."""
+    if micro_steps > 1 and mode in WITHOUT_CUDA_GRAPHS:
+        use = WITHOUT_CUDA_GRAPHS[mode]
+        return use, (f"train.compile_mode {mode} captures CUDA graphs, which are not safe with gradient "
+                     f"accumulation ({micro_steps} micro-steps per optimizer step; pytorch/pytorch#169545): "
+                     f"compiling with {use}")
+    return mode, None
+
+
+class CompileFallback:
+    """Calls the compiled model; if compilation fails, says so loudly (console, ``on_fallback`` for the MLflow
+    tag and the alert) and carries on eagerly, which ``--min-tokens-per-s`` then judges."""
+
+    def __init__(self, compiled: Any, eager: Any, log: Log, on_fallback: Callable[[str], None] | None = None) -> None:
+        self.compiled, self.eager, self.log, self.on_fallback = compiled, eager, log, on_fallback
+        self.failed: str | None = None
 
     def __call__(self, *a: Any, **k: Any) -> Any:
-        if self.failed:
+        if self.failed is not None:
             return self.eager(*a, **k)
         try:
             return self.compiled(*a, **k)
         except Exception as e:  # torch._dynamo / inductor raise many types
             if "out of memory" in str(e).lower():
                 raise
-            self.failed = True
-            self.log(f"warning: torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                     "continuing eagerly (set --no-compile to skip compilation)")
+            self.failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            self.log(f"WARNING: torch.compile failed ({self.failed}); training goes on EAGERLY, typically ~1.7x "
+                     "slower on a GPU: fix the cause or relaunch with --no-compile (--min-tokens-per-s stops a run "
+                     "that falls below the floor in its first hour)")
+            if self.on_fallback is not None:
+                try:
+                    self.on_fallback(self.failed)
+                except Exception as report_error:   # reporting must not end the run
+                    self.log(f"warning: the compile fallback could not be reported ({report_error})")
             return self.eager(*a, **k)
 
     def train(self, mode: bool = True) -> Any:

@@ -141,15 +141,18 @@ def param_norm(model: nn.Module) -> float:
 
 @torch.no_grad()
 def evaluate(run: Run) -> float:
-    """Mean loss over the fixed val windows (the same windows at every call)."""
-    run.model.eval()
+    """Mean loss over the fixed val windows (the same windows at every call), with the plain module: a
+    compiled model's first graph must be training's, not an inference-mode eval (pytorch/pytorch#135892),
+    and no rank's eval may enter DDP's hooks."""
+    model = run.raw_model
+    model.eval()
     total, count = 0.0, 0
     for x, y in run.val_batches:
         with run.autocast:
-            loss = run.model(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
+            loss = model(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
         total += float(loss) * x.shape[0]
         count += x.shape[0]
-    run.model.train()
+    model.train()
     return total / max(count, 1)
 
 
