@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .core.cli import guarded
 from .report.ckpt_source import resolve
-from .report.hf_export import export
+from .report.hf_export import export, transformers_hint
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[export_hf] wrote {args.output}: {record['parameters']:,} parameters (fp32), tokenizer "
               f"{'included' if record['tokenizer'].startswith('GPT-2') else 'MISSING'}; load it with "
               f"transformers.AutoModelForCausalLM.from_pretrained({str(args.output)!r})")
+        import torch
+
+        hint = transformers_hint(torch.__version__)
+        if hint:
+            log(hint)
         return 0
 
     return guarded(body)

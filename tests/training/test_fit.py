@@ -42,13 +42,14 @@ def test_cosine_with_fit_to_budget_is_refused_with_the_fix(tmp_path, capsys):
     assert "--set optim.schedule=wsd" in err
 
 
-def test_the_cap_arrives_early_and_the_run_anneals_and_finishes_through_a_preemption(demo_data, tmp_path):
+def test_the_cap_arrives_early_and_the_run_anneals_and_finishes_through_a_preemption(demo_data, tmp_path, capsys):
     """The price doubles at step 20, so a fraction of the 400 steps asked for fit; a SIGTERM (spot preemption)
     arrives inside the decay and the run is resumed under the same billing. It ends with exit 0 at min_lr,
     final weights and a finished MLflow run, and the spend never passed the cap.
     The ledger charges the downtime between the two processes at the last rate (here ~$0.5 a second, so a
-    loaded machine's slow restart costs dollars): the SIGTERM comes early in a long decay, so that the money
-    left for it pays for the restart too and the resume compresses what remains of the decay."""
+    slow restart costs dollars): the SIGTERM comes early in a long decay and the resume runs in this process
+    (no interpreter start-up), so that the money left pays for the restart too and the resume compresses what
+    remains of the decay."""
     ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
     billing = StepBilling(budget, ckpt, lambda s: 0.06 if s < 20 else 0.12, free_start_up=True)
     try:
@@ -62,11 +63,14 @@ def test_the_cap_arrives_early_and_the_run_anneals_and_finishes_through_a_preemp
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 75
         stopped, _ = ck.verify(ckpt / ck.read_latest(ckpt))
-        r = subprocess.run(train_cmd(demo_data, ckpt, 400, *fit_args(budget), "--resume-from-latest"), cwd=REPO,
-                           capture_output=True, text=True, timeout=600)
+        # resumed in this process: no interpreter start-up in the downtime the ledger charges
+        capsys.readouterr()
+        resume = train_cmd(demo_data, ckpt, 400, *fit_args(budget), "--resume-from-latest")
+        code = train.main(resume[resume.index("x1_pretrain.train") + 1:])
     finally:
         billing.close()
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    out = capsys.readouterr()
+    assert code == 0, out.out[-3000:] + out.err[-2000:]
     state, _ = ck.verify(ckpt / ck.read_latest(ckpt))
     last = state["step"]
     assert 30 < last < 400 and (ckpt / "final.safetensors").exists()
@@ -79,7 +83,7 @@ def test_the_cap_arrives_early_and_the_run_anneals_and_finishes_through_a_preemp
     assert max(spent.values()) <= CAP and list(spent.values()) == sorted(spent.values())
     assert billing.spent <= CAP                                # the bill itself, not only what the guard saw
     ends = history(ckpt, "budget/planned_end_step")
-    assert ends[max(ends)] == last and "budget fit: the run ends at step" in r.stdout
+    assert ends[max(ends)] == last and "budget fit: the run ends at step" in out.out
     _, runs = run_info(ckpt)
     assert runs[0].info.status == "FINISHED" and "budget fitted" in runs[0].data.tags["end_reason"]
 

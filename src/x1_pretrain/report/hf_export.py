@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,21 @@ from ..core import safetensors_io as st
 from ..core.errors import X1Error
 from ..core.fileio import fsync_tree
 from .ckpt_source import Source, load_model
+
+# transformers 5.x disables itself below torch 2.6 ("PyTorch >= 2.6 is required"); the 4.x line up to 4.57 loads
+# the export with torch 2.5 (the NVIDIA 24.10 container). The same pin is the [hf-torch25] extra and
+# constraints/torch25.txt, which the Python 3.10 + torch 2.5 CI lane installs with.
+TRANSFORMERS_FOR_TORCH25 = "transformers>=4.44,<5"
+
+
+def transformers_hint(torch_version: str) -> str | None:
+    """What to install to load the export, when this torch is older than transformers 5.x accepts."""
+    m = re.match(r"(\d+)\.(\d+)", torch_version)
+    if m is None or (int(m.group(1)), int(m.group(2))) >= (2, 6):
+        return None
+    return (f"torch {torch_version} is older than 2.6, which transformers 5.x requires: load the export with "
+            f"{TRANSFORMERS_FOR_TORCH25!r} (pip install 'x1_pretrain[hf-torch25]', or pip install "
+            f"'{TRANSFORMERS_FOR_TORCH25}'); lm-eval-harness 0.4.x runs on it")
 
 
 def generation_config(eos_id: int) -> dict[str, Any]:
