@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .training.checkpoint import write_exit_status
+from .training.checkpoint import record_exit_status
 from .training.options import build_parser, options_from
 from .training.session import main_guarded
 
@@ -20,9 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     code, reason = main_guarded(opts)
     if os.environ.get("RANK", "0") == "0" and not opts.budget.dry_run:
         try:  # for the watchdog: torchrun reports any failed worker as 1
-            write_exit_status(opts.ckpt_dir, code, reason)
-        except OSError as e:
-            print(f"warning: could not record the exit status in {opts.ckpt_dir} ({e})", file=sys.stderr)
+            record_exit_status(opts.ckpt_dir, code, reason)
         except KeyboardInterrupt:   # a second Ctrl-C after the run already ended: its code stands
             print(f"interrupted while recording exit {code}", file=sys.stderr)
     return code

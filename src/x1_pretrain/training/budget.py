@@ -181,10 +181,7 @@ class BudgetControl:
         """End the process at once: no checkpoint, no MLflow flush; the alert and exit status first."""
         print(f"[x1] {reason}: exiting {code} now", flush=True)
         self.alert_stop(code, reason, spent, None)
-        try:
-            ck.write_exit_status(self.ckpt_dir, code, reason)
-        except OSError as e:
-            print(f"warning: could not record the exit status ({e})", file=sys.stderr, flush=True)
+        ck.record_exit_status(self.ckpt_dir, code, reason)
         sys.stdout.flush()
         sys.stderr.flush()
         self._exit(code)

@@ -16,6 +16,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -269,6 +270,14 @@ def write_exit_status(ckpt_dir: Path, code: int, reason: str) -> None:
         targets.append(Path(os.environ[EXIT_STATUS_ENV]))
     for target in targets:
         write_text_atomic(target, blob)
+
+
+def record_exit_status(ckpt_dir: Path, code: int, reason: str) -> None:
+    """``write_exit_status`` for exit paths: a failure to record is a warning, never a second error."""
+    try:
+        write_exit_status(ckpt_dir, code, reason)
+    except OSError as e:
+        print(f"warning: could not record the exit status in {ckpt_dir} ({e})", file=sys.stderr, flush=True)
 
 
 def read_exit_status(path: Path) -> dict[str, Any] | None:

@@ -248,10 +248,7 @@ class _OutOfGrace:
                      "in time; the previous complete checkpoint stays the latest"))
         print(f"[x1] {reason}: exit {code}", flush=True)
         if self.main:
-            try:
-                ck.write_exit_status(self.opts.ckpt_dir, code, reason)
-            except OSError as e:
-                print(f"warning: could not record the exit status ({e})", file=sys.stderr, flush=True)
+            ck.record_exit_status(self.opts.ckpt_dir, code, reason)
         sys.stdout.flush()
         sys.stderr.flush()
         self._exit(code)

@@ -118,10 +118,7 @@ class MlflowTracker:
         self.resumed = run_id is not None
         # The first contact (create or reopen the run) is bounded too: a server that accepts connections and
         # never answers must not hold the trainer at its start; the sender thread keeps trying.
-        first = threading.Thread(target=self._first_contact, name="x1-mlflow-start", daemon=True)
-        first.start()
-        first.join(float(os.environ.get("X1_MLFLOW_START_TIMEOUT_S", "20")))
-        if first.is_alive():
+        if not _within(float(os.environ.get("X1_MLFLOW_START_TIMEOUT_S", "20")), self._first_contact):
             self._note_down(TimeoutError("no answer to the first request"))
         self._thread = threading.Thread(target=self._loop, name="x1-mlflow", daemon=True)
         self._thread.start()
