@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,24 @@ def _tune_allocator() -> None:
 
 
 _tune_allocator()
+
+
+@pytest.fixture(autouse=True)
+def no_hard_exit(monkeypatch):
+    """A run inside the test process must not reach a hard exit (the budget's exit-now, the stop deadline):
+    ``os._exit`` would kill the pytest worker and hide why. Here it is recorded instead (with the thread and
+    the stack), the thread that asked goes on, and the test fails naming it. Forked children exit for real."""
+    real, pid, calls = os._exit, os.getpid(), []
+
+    def record(code: int) -> None:
+        if os.getpid() != pid:
+            real(code)
+        calls.append(f"os._exit({code}) on thread {threading.current_thread().name}:\n"
+                     + "".join(traceback.format_stack(limit=10)))
+
+    monkeypatch.setattr(os, "_exit", record)
+    yield calls
+    assert not calls, "a run in the test process asked for a hard exit:\n" + "\n".join(calls)
 
 
 # --- a migrated, empty MLflow sqlite store, made once and copied where a test run would create one ------

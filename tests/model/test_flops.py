@@ -15,14 +15,20 @@ def test_lab_parameter_counts_without_allocating():
 
 
 def test_counts_match_a_real_model():
-    from x1_pretrain.model.transformer import Transformer
+    """The counts are those of the saved weights (what a user downloads): the vocabulary padding inside the
+    model holds 128-multiple rows, of which only vocab_size are weights; the padding is counted apart."""
+    from x1_pretrain.model.transformer import Transformer, padded_vocab, state_dict_for_saving
 
     m = ModelConfig(n_layer=3, d_model=48, n_head=6, n_kv_head=2, d_ff=80, seq_len=16, vocab_size=500)
     model = Transformer(m)
-    assert sum(p.numel() for p in model.parameters()) == param_counts(m).all_tensors
-    untied = ModelConfig(n_layer=1, d_model=16, n_head=2, n_kv_head=1, d_ff=32, seq_len=8, vocab_size=50,
-                         tie_embeddings=False)
-    assert sum(p.numel() for p in Transformer(untied).parameters()) == param_counts(untied).all_tensors
+    assert sum(t.numel() for t in state_dict_for_saving(model).values()) == param_counts(m).all_tensors
+    padding = (padded_vocab(m) - m.vocab_size) * m.d_model
+    assert padding == 12 * 48   # 500 -> 512 rows
+    assert sum(p.numel() for p in model.parameters()) == param_counts(m).all_tensors + padding
+    for fused in (False, True):
+        untied = ModelConfig(n_layer=1, d_model=16, n_head=2, n_kv_head=1, d_ff=32, seq_len=8, vocab_size=50,
+                             tie_embeddings=False, vocab_pad_multiple=1, fused_projections=fused)
+        assert sum(p.numel() for p in Transformer(untied).parameters()) == param_counts(untied).all_tensors
 
 
 def test_flops_match_the_errata():

@@ -50,6 +50,9 @@ class ModelConfig:
     rope_base: float = 10000.0
     init_std: float = 0.02           # normal init of every weight matrix and the embedding
     tie_embeddings: bool = True      # LM head shares the token embedding
+    vocab_pad_multiple: int = 128    # embedding/head rows rounded up to this inside the model (1: none); the
+                                     # logits, the loss and the saved weights keep vocab_size rows
+    fused_projections: bool = False  # q/k/v and gate/up as one matmul each; saved under Llama's names
 
     @property
     def head_dim(self) -> int:
@@ -95,6 +98,11 @@ class TrainConfig:
     min_tokens_per_s_always: bool = False      # ... or at any time (later drops are otherwise logged and alerted)
     fit_to_budget: bool = False      # total_steps becomes an upper bound; the end follows the money (wsd only)
     throughput_window: int = 50      # steps in the warm throughput window
+    fused_loss: bool = True          # LM head + cross-entropy in one pass over token chunks (no full logits)
+    loss_chunk_tokens: int = 4096    # tokens per chunk of the one-pass loss
+    bf16_residual: bool = False      # under bf16: the residual stream (and its gradient) in bf16, as llm.c
+    compile_scope: Literal["model", "blocks"] = "model"  # one graph for the model, or each block fullgraph
+    deterministic: bool = False      # deterministic kernels (flash-attn backward, cuBLAS): bitwise GPU resume
 
 
 @dataclass(frozen=True)
@@ -262,6 +270,9 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
         p.append(f"model.vocab_size: {m.vocab_size} does not fit the uint16 token files (max 65536)")
     if m.init_std <= 0 or m.norm_eps <= 0 or m.rope_base <= 0:
         p.append("model.init_std, model.norm_eps and model.rope_base must be positive")
+    if not 1 <= m.vocab_pad_multiple <= 1024:
+        p.append(f"model.vocab_pad_multiple: must be in [1, 1024] (1 turns padding off; 128 suits tensor cores), "
+                 f"got {m.vocab_pad_multiple}")
     if o.lr <= 0:
         p.append(f"optim.lr: must be positive, got {o.lr}")
     if not 0 <= o.min_lr <= o.lr:
@@ -279,7 +290,7 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
     if o.weight_decay < 0 or o.grad_clip < 0 or o.eps <= 0:
         p.append("optim.weight_decay and optim.grad_clip must be >= 0 and optim.eps > 0")
     for key in ("total_steps", "batch_size", "micro_batch_size", "grad_accum_steps", "log_every",
-                "eval_every", "eval_batches", "ckpt_every", "prefetch", "throughput_window"):
+                "eval_every", "eval_batches", "ckpt_every", "prefetch", "throughput_window", "loss_chunk_tokens"):
         if getattr(t, key) <= 0:
             p.append(f"train.{key}: must be positive, got {getattr(t, key)}")
     if t.micro_batch_size > 0 and t.grad_accum_steps > 0 and \
@@ -373,6 +384,9 @@ OPERATIONAL_KEYS = frozenset({
     "train.ckpt_every_min", "train.min_tokens_per_s_window_min", "train.min_tokens_per_s_always",
     "checkpoint.keep_last", "checkpoint.async_save", "spike.ema_alpha", "spike.warmup_steps", "spike.loss_sigma",
     "spike.min_loss_jump", "spike.grad_factor", "spike.grad_window",
+    # how the same computation runs: the state fits either way (a change is logged; bitwise resume needs none)
+    "train.fused_loss", "train.loss_chunk_tokens", "train.bf16_residual", "train.compile_scope",
+    "train.deterministic",
 })
 
 

@@ -269,7 +269,9 @@ def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], rep
         "compile": {"requested": (cfg.get("train") or {}).get("compile_mode")
                     if (cfg.get("train") or {}).get("compile") else "off",
                     "effective": run.tags.get("compile_mode_effective"),
-                    "fallback_error": run.tags.get("compile_fallback")},
+                    "scope": (cfg.get("train") or {}).get("compile_scope", "model"),
+                    "fallback_error": run.tags.get("compile_fallback"),
+                    "attention": run.tags.get("attention_effective"), "kernels": run.tags.get("kernels")},
         "cluster": _cluster(run, state, provider, instance_type),
         "dollars": dollars,
         "progress": {"steps": state.get("step"), "total_steps": (cfg.get("train") or {}).get("total_steps"),

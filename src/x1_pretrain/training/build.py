@@ -24,7 +24,15 @@ from ..model.transformer import Transformer, state_dict_for_saving
 from . import checkpoint as ck
 from .budget import BudgetControl, FitContext
 from .checkpointer import CheckpointCalls, Checkpointer
-from .device import CompileFallback, effective_compile_mode, hardware_plan, seed_everything
+from .device import (
+    CompileFallback,
+    compile_model,
+    effective_compile_mode,
+    forward_kernels,
+    hardware_plan,
+    make_deterministic,
+    seed_everything,
+)
 from .distributed import World
 from .hooks import ProgressFile
 from .loop import LoopState, Run, StopFlag
@@ -106,9 +114,12 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
 
     cfg, device, log = ctx.cfg, ctx.device, ctx.log
     use_flash = hardware_plan(cfg, device, log)
+    if cfg.train.deterministic:
+        make_deterministic(device, log)
     seed_everything(cfg.train.seed)
     model = Transformer(cfg.model).to(device)
-    model.set_attention(use_flash)
+    model.set_kernels(forward_kernels(cfg, use_flash, log))
+    use_flash = model.kernels.use_flash
     optimizer = build_optimizer(model, cfg, device)
     state = LoopState()
     if resume.found is not None:
@@ -129,6 +140,16 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
             forward = torch.nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
     return model, forward, optimizer, state
+
+
+def kernel_tags(model: Transformer) -> dict[str, str]:
+    """What the forward actually runs, for MLflow and the manifest (a switch can be overridden by the device)."""
+    k, m = model.kernels, model.config
+    return {"attention_effective": "flash-attn" if k.use_flash else "sdpa",
+            "kernels": f"fused_loss={k.fused_loss} (chunk {k.loss_chunk_tokens}), vocab rows "
+                       f"{model.lm_head.weight.shape[0]} for {m.vocab_size}, fused_projections={m.fused_projections}, "
+                       f"residual={'bf16' if k.residual_dtype is not None else 'fp32'}, "
+                       f"deterministic={k.deterministic}"}
 
 
 def run_tags_device(device: Any) -> str:
@@ -337,13 +358,11 @@ def build_run(ctx: Context) -> Built:
     fallback: CompileFallback | None = None
     mode = "off"
     if cfg.train.compile:
-        import torch
-
         mode, why = effective_compile_mode(cfg.train.compile_mode, len(ctx.world.chunks(cfg.train.grad_accum_steps)))
         if why:
             log(why)
-        log(f"torch.compile mode={mode} (first step includes compilation)")
-        forward = fallback = CompileFallback(torch.compile(forward, mode=mode), forward, log)
+        log(f"torch.compile mode={mode}, scope {cfg.train.compile_scope} (first step includes compilation)")
+        forward = fallback = compile_model(model, forward, mode, cfg.train.compile_scope, log)
     chunks_per_step = cfg.train.batch_size // cfg.train.micro_batch_size
     sampler = Sampler(data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size, chunks_per_step)
     val_batches = _val_batches(ctx, data)
@@ -351,7 +370,7 @@ def build_run(ctx: Context) -> Built:
         f"{data.val.size:,} val tokens ({sum(len(x) for x, _ in val_batches)} fixed eval windows); "
         f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")
     tracker = _tracker(ctx, uri, artifact_location, resume, data)
-    tracker.set_tags({"compile_mode_effective": mode})
+    tracker.set_tags({"compile_mode_effective": mode, **kernel_tags(model)})
     trainer_state = TrainerState(ctx, data, sampler, tracker, resume)
     trainer_state.uri = uri
     injector, spike_watch = _spikes(ctx, data, tracker, resume)

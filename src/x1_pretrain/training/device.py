@@ -1,7 +1,9 @@
-"""The device a process trains on, what it supports (bf16, flash-attn), seeding, and torch.compile."""
+"""The device a process trains on, what it supports (bf16, flash-attn), seeding, the forward's kernels,
+deterministic mode, and torch.compile."""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from typing import Any
@@ -88,8 +90,10 @@ class CompileFallback:
     """Calls the compiled model; if compilation fails, says so loudly (console, ``on_fallback`` for the MLflow
     tag and the alert) and carries on eagerly, which ``--min-tokens-per-s`` then judges."""
 
-    def __init__(self, compiled: Any, eager: Any, log: Log, on_fallback: Callable[[str], None] | None = None) -> None:
+    def __init__(self, compiled: Any, eager: Any, log: Log, on_fallback: Callable[[str], None] | None = None,
+                 undo: Callable[[], None] | None = None) -> None:
         self.compiled, self.eager, self.log, self.on_fallback = compiled, eager, log, on_fallback
+        self.undo = undo    # for a compilation made in place (compile_scope blocks): back to eager
         self.failed: str | None = None
 
     def __call__(self, *a: Any, **k: Any) -> Any:
@@ -101,6 +105,8 @@ class CompileFallback:
             if "out of memory" in str(e).lower():
                 raise
             self.failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            if self.undo is not None:
+                self.undo()
             self.log(f"WARNING: torch.compile failed ({self.failed}); training goes on EAGERLY, typically ~1.7x "
                      "slower on a GPU: fix the cause or relaunch with --no-compile (--min-tokens-per-s stops a run "
                      "that falls below the floor in its first hour)")
@@ -116,3 +122,67 @@ class CompileFallback:
 
     def eval(self) -> Any:
         return self.eager.eval()
+
+
+def forward_kernels(cfg: Any, use_flash: bool, log: Log) -> Any:
+    """How the model's forward runs for this config (``model.transformer.Kernels``). Under torch.compile a
+    flash-attn that is not a torch custom op (before 2.7) would break the graph at every attention call, so
+    the compiled model uses SDPA, whose flash backend runs the same kind of kernel inside the graph."""
+    import torch
+
+    from ..model.transformer import Kernels, flash_compiles
+
+    t = cfg.train
+    if use_flash and t.compile and not flash_compiles():
+        log("attention: this flash-attn build breaks torch.compile's graph at every call (it is not a torch custom "
+            "op before flash-attn 2.7); the compiled model uses PyTorch SDPA's flash backend instead")
+        use_flash = False
+    residual = None
+    if t.bf16_residual:
+        if t.precision == "bf16":
+            residual = torch.bfloat16
+        else:
+            log(f"note: train.bf16_residual has no effect with train.precision {t.precision!r}")
+    return Kernels(use_flash=use_flash, fused_loss=t.fused_loss, loss_chunk_tokens=t.loss_chunk_tokens,
+                   residual_dtype=residual, deterministic=t.deterministic)
+
+
+def make_deterministic(device: Any, log: Log) -> None:
+    """``train.deterministic``: deterministic kernels wherever torch has them, so that a GPU resume can be
+    bitwise. cuBLAS needs its workspace setting before its first handle (this runs before the model is built);
+    an op without a deterministic kernel warns once instead of ending a paid run."""
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    try:
+        import torch._inductor.config as inductor_config
+        if hasattr(inductor_config, "deterministic"):
+            inductor_config.deterministic = True     # no autotuning choices that vary between runs
+        inductor_config.fallback_random = True
+    except ImportError:
+        pass
+    log(f"deterministic mode on {device.type}: deterministic algorithms, cuDNN without benchmarking, "
+        f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}, flash-attn's deterministic backward")
+
+
+def compile_model(model: Any, forward: Any, mode: str, scope: str, log: Log) -> CompileFallback:
+    """torch.compile as ``train.compile_scope`` says: ``model`` compiles what forward runs as one graph;
+    ``blocks`` compiles each transformer block on its own with ``fullgraph=True`` (a graph break is an error,
+    reported by the fallback, never a silent slowdown; the blocks share one compiled graph) and leaves the
+    embedding and the one-pass loss eager."""
+    import torch
+
+    if scope == "blocks":
+        blocks = list(model.model.layers)
+        for block in blocks:
+            block.compile(mode=mode, fullgraph=True)
+
+        def uncompile() -> None:
+            for block in blocks:
+                block._compiled_call_impl = None   # what Module.compile set: back to the eager forward
+
+        return CompileFallback(forward, forward, log, undo=uncompile)
+    return CompileFallback(torch.compile(forward, mode=mode), forward, log)
