@@ -1,55 +1,75 @@
-"""Check a GPU before paying for a day of it: versions, attention kernel, measured throughput, bf16 sanity.
+"""Check a GPU before paying for a day of it, in one run of at most ~9 minutes, with numbers to trust.
 
     bash bench/gpu_check.sh [OUT.md]            # the wrapper: picks the Python, caps the wall time
-    python bench/gpu_check.py --out OUT.md [--deadline-s 420] [--config configs/x1-50m-a100.yaml]
+    python bench/gpu_check.py --out OUT.md [--deadline-s 500] [--config configs/x1-50m-a100.yaml]
 
-On a CUDA machine, in this order, each phase in its own process under a timeout (a compile that hangs,
-the lab's known failure, is reported instead of eating the budget), all within --deadline-s:
+Phases, in this order; each but the first runs in its own process under its own deadline (a compile that
+hangs, the lab's known failure, is reported instead of eating the rest), writes what it has measured so far
+as it goes, and a phase that fails or times out does not stop the next:
 
-  report        GPU, driver, torch / CUDA / cuDNN / triton / flash-attn versions; which attention kernel
-                x1 uses (flash-attn, or the SDPA backends that accept the lab's GQA shapes)
-  bf16-vs-fp32  50 optimizer steps on one fixed synthetic batch from the same init, bf16 autocast vs true
-                fp32 (TF32 off): the bf16 loss must track the fp32 one
-  eager / compile default / compile max-autotune
-                the lab config (micro-batch 32 x 1024 tokens, grad accumulation as configured) on random
-                token ids in [0, 50257) generated on the device, bf16 autocast, x1's Transformer and
-                optimizer: tokens/s, MFU in the honest accounting and the lab's 6N one, peak memory, and
-                the first step's time (compilation)
+  report        versions (torch, CUDA, cuDNN, triton, flash-attn) and the hardware; FAILS the whole check
+                (exit 1) when nvidia-smi sees a GPU that torch cannot use
+  grads         a small model with gradient accumulation: the accumulated gradients of eager and of each
+                compile mode x1 uses (default, max-autotune-no-cudagraphs) must agree
+  graph-breaks  torch._dynamo.explain on the lab model with the kernels the trainer picks: graphs and breaks for
+                the whole model and for one block (and for raw flash-attn, to show why it is swapped)
+  trainer       THE REAL TRAINER CLI (python -m x1_pretrain.train, the lab config, synthetic uint16 tokens,
+                --trainer-steps steps): warm tokens/s, MFU honest and lab 6N, first step (compile) time, peak
+                memory; --expected-step-s for the launch gate comes from this phase only
+  ab-eager      an A/B of each speed switch (vocab padding, one-pass loss, bf16 residual, fused projections,
+                deterministic mode, flash-attn vs SDPA) at the lab micro-batch, eager, from one init
+  ab-compiled   the same switches under torch.compile (mode default), while time is left
+  profile       a short torch.profiler trace of the trainer's configuration: device time by group (GEMM,
+                attention, loss, elementwise, optimizer, idle)
 
-Timed micro-steps stop at --max-steps or after --measure-s seconds, whichever comes first; the table says
-how many ran. Without CUDA it says so, reports versions, runs the same code paths for 2 steps on a tiny
-config on the CPU (a smoke test, not a measurement) and exits 0. The markdown table goes to --out (and
-stdout); child logs to OUT.log.
+It writes OUT.md (also printed) and OUT.json beside it; child logs go to OUT.log. Exit 0 when every phase
+passed, 1 otherwise. Without CUDA (and without a GPU for nvidia-smi) it says so and runs every phase on a tiny
+config on the CPU, without compilation: a smoke test of the same code, not a measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.metadata
 import json
 import math
 import os
 import platform
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 LAB_CONFIG = REPO / "configs" / "x1-50m-a100.yaml"
 VOCAB = 50257
-# (phase, compile mode, timeout s) in the order they run, sized for one H100/H200; --deadline-s caps the sum
-GPU_PHASES: list[tuple[str, str, float]] = [
-    ("bf16-vs-fp32", "none", 75.0),
-    ("throughput", "none", 75.0),
-    ("throughput", "default", 120.0),
-    ("throughput", "max-autotune", 300.0),  # last: gets what is left of --deadline-s
+# (phase, seconds at most) in the order they run; sized for one H100/H200, together under --deadline-s
+PHASES: list[tuple[str, float]] = [
+    ("grads", 75.0), ("graph-breaks", 30.0), ("trainer", 210.0), ("ab-eager", 50.0), ("ab-compiled", 75.0),
+    ("profile", 35.0),
 ]
+# What each A/B variant flips, relative to the config as it is (``--set`` syntax)
+SWITCHES: list[tuple[str, list[str]]] = [
+    ("baseline (config as is)", []),
+    ("vocab padding off", ["model.vocab_pad_multiple=1"]),
+    ("one-pass loss off", ["train.fused_loss=false"]),
+    ("bf16 residual on", ["train.bf16_residual=true"]),
+    ("fused projections on", ["model.fused_projections=true"]),
+    ("deterministic on", ["train.deterministic=true"]),
+    ("SDPA instead of flash-attn", ["train.attention=sdpa"]),
+    ("compile scope blocks", ["train.compile_scope=blocks"]),
+]
+EAGER_ONLY = {"SDPA instead of flash-attn", "deterministic on"}
+COMPILED_ONLY = {"compile scope blocks"}
 
 
 def _version(dist: str) -> str | None:
@@ -59,153 +79,388 @@ def _version(dist: str) -> str | None:
         return None
 
 
-# --- what the phases measure -------------------------------------------------------------------------
-def load_config(path: Path, tiny: bool) -> Any:
+def _noop(_: str) -> None:
+    return None
+
+
+# --- models and steps ----------------------------------------------------------------------------------
+def load_config(path: Path, tiny: bool, sets: list[str] | None = None) -> Any:
     from x1_pretrain.core import config as C
 
-    cfg = C.load(path)
+    cfg = C.load(path, sets=sets or [])
     if tiny:  # the CPU smoke: same code, small numbers
         small = dataclasses.replace(cfg.model, n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=176, seq_len=32)
-        train = dataclasses.replace(cfg.train, micro_batch_size=2, grad_accum_steps=1, batch_size=2)
+        train = dataclasses.replace(cfg.train, micro_batch_size=2, grad_accum_steps=2, batch_size=4,
+                                    precision="fp32", compile=False)
         cfg = dataclasses.replace(cfg, model=small, train=train)
     return cfg
 
 
-def build(cfg: Any, device: Any, use_flash: bool, seed: int = 0) -> tuple[Any, Any]:
+def small_config(cfg: Any, cuda: bool) -> Any:
+    """The grads phase's model: the lab's vocabulary and architecture, 2 narrow layers, 4-way accumulation."""
+    m = dataclasses.replace(cfg.model, n_layer=2, d_model=256, n_head=4, n_kv_head=2, d_ff=688,
+                            seq_len=256 if cuda else 32)
+    t = dataclasses.replace(cfg.train, micro_batch_size=4 if cuda else 2, grad_accum_steps=4,
+                            batch_size=16 if cuda else 8, precision="bf16" if cuda else "fp32")
+    return dataclasses.replace(cfg, model=m, train=t)
+
+
+def build(cfg: Any, device: Any, seed: int = 0) -> tuple[Any, Any]:
+    """x1's model with the kernels the trainer would pick for ``cfg`` on ``device``, and its optimizer."""
     import torch
 
     from x1_pretrain.model.transformer import Transformer
+    from x1_pretrain.training.device import forward_kernels, hardware_plan
     from x1_pretrain.training.optim import build_optimizer
 
     torch.manual_seed(seed)
     model = Transformer(cfg.model).to(device)
-    model.set_attention(use_flash)
+    model.set_kernels(forward_kernels(cfg, hardware_plan(cfg, device, _noop), _noop))
     return model, build_optimizer(model, cfg, device)
 
 
-def throughput(cfg: Any, device: Any, compile_mode: str, max_steps: int, measure_s: float,
-               warmup: int = 3) -> dict[str, Any]:
-    """Micro-steps of the lab's training step on random ids; an optimizer step every grad_accum micro-steps."""
+def autocast(cfg: Any, device: Any) -> Any:
     import torch
 
-    from x1_pretrain.model import flops
+    if cfg.train.precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def batches(cfg: Any, device: Any, n: int, seed: int = 1) -> list[Any]:
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    shape = (cfg.train.micro_batch_size, cfg.model.seq_len + 1)
+    return [torch.randint(0, cfg.model.vocab_size, shape, generator=gen).to(device) for _ in range(n)]
+
+
+def sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def accumulate(forward: Any, cfg: Any, device: Any, ids: list[Any]) -> float:
+    """One optimizer step's forward/backward over ``ids`` (the micro-batches); returns the mean loss."""
+    total = 0.0
+    for x in ids:
+        with autocast(cfg, device):
+            loss = forward(x[:, :-1], x[:, 1:])
+        (loss / len(ids)).backward()
+        total += float(loss.detach())
+    return total / len(ids)
+
+
+# --- phases --------------------------------------------------------------------------------------------
+class Partial:
+    """A phase's result, written to its file after every item so that a timeout keeps what was measured."""
+
+    def __init__(self, path: Path | None, **data: Any) -> None:
+        self.path, self.data = path, dict(data)
+
+    def put(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        if self.path is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, default=str))
+            os.replace(tmp, self.path)
+
+
+def phase_grads(cfg: Any, device: Any, out: Partial) -> None:
+    """Accumulated gradients (4 micro-batches) of eager vs each compile mode, same init, same batches."""
+    import torch
+
+    from x1_pretrain.training.device import effective_compile_mode
+
+    small = small_config(cfg, device.type == "cuda")
+    ids = batches(small, device, small.train.grad_accum_steps)
+    modes = ["eager"]
+    if device.type == "cuda":
+        lab_mode, _ = effective_compile_mode(cfg.train.compile_mode, small.train.grad_accum_steps)
+        modes += sorted({"default", lab_mode})
+    else:
+        out.put("skipped", "compile modes on the CPU (a cold compile costs minutes here)")
+    ref: list[Any] = []
+    rows: list[dict[str, Any]] = []
+    tol = 2e-2 if small.train.precision == "bf16" else 1e-5
+    for mode in modes:
+        torch._dynamo.reset()
+        model, _ = build(small, device)
+        forward = model if mode == "eager" else torch.compile(model, mode=mode)
+        t0 = time.perf_counter()
+        loss = accumulate(forward, small, device, ids)
+        sync(device)
+        grads = [p.grad.detach().float().clone() for p in model.parameters()]
+        if mode == "eager":
+            ref = grads
+        rel = max(float((g - r).norm() / r.norm().clamp_min(1e-12)) for g, r in zip(grads, ref, strict=True))
+        rows.append({"mode": mode, "loss": loss, "max_rel_grad_diff": rel, "first_call_s": time.perf_counter() - t0,
+                     "ok": rel <= tol and math.isfinite(loss)})
+        out.put("rows", rows)
+        del model, forward, grads
+    out.put("tolerance", tol)
+    out.put("shape", f"{small.model.n_layer} layers x d_model {small.model.d_model}, micro-batch "
+                     f"{small.train.micro_batch_size} x {small.model.seq_len}, {small.train.grad_accum_steps} "
+                     f"micro-steps, {small.train.precision}")
+    out.put("ok", all(r["ok"] for r in rows))
+
+
+def phase_graph_breaks(cfg: Any, device: Any, out: Partial) -> None:
+    """Graphs and breaks for the compiled trainer's forward, the whole model and one block."""
+    import torch
+
     from x1_pretrain.model.transformer import flash_available
 
-    cuda = device.type == "cuda"
-    use_flash = cuda and flash_available()
-    model, opt = build(cfg, device, use_flash)
-    forward = torch.compile(model, mode=compile_mode) if compile_mode != "none" else model
-    B, T, accum = cfg.train.micro_batch_size, cfg.model.seq_len, cfg.train.grad_accum_steps
-    gen = torch.Generator(device=device).manual_seed(1)
-    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+    model, _ = build(cfg, device)
+    x = batches(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=2)), device, 1)[0]
+    rows = []
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
+    def count(what: str, fn: Callable[..., Any], *args: Any) -> None:
+        torch._dynamo.reset()
+        with autocast(cfg, device):
+            e = torch._dynamo.explain(fn)(*args)
+        rows.append({"what": what, "graphs": e.graph_count, "breaks": e.graph_break_count,
+                     "reasons": sorted({str(b.reason).splitlines()[0][:160] for b in e.break_reasons})[:5]})
+        out.put("rows", rows)
 
-    def micro_step(i: int) -> float:
-        ids = torch.randint(0, VOCAB, (B, T + 1), device=device, generator=gen)  # (B, T+1)
-        with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-            loss = forward(ids[:, :-1], ids[:, 1:])
-        (loss / accum).backward()
-        if (i + 1) % accum == 0:
-            float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))  # the loop syncs here too
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return float(loss.detach()) if i < 1 else math.nan
+    attention = "flash-attn" if model.kernels.use_flash else "SDPA"
+    count(f"whole model + loss ({attention})", model, x[:, :-1], x[:, 1:])
+    h = torch.randn(2, cfg.model.seq_len, cfg.model.d_model, device=device)
+    count(f"one block ({attention})", model.model.layers[0], h, model.rope_cos, model.rope_sin)
+    if device.type == "cuda" and flash_available() and not model.kernels.use_flash:
+        model.set_attention(True)   # what the compiled trainer avoids: raw flash-attn inside the graph
+        count("whole model with raw flash-attn (not used under compile)", model, x[:, :-1], x[:, 1:])
+    out.put("ok", rows[0]["breaks"] == 0 and rows[1]["breaks"] == 0)
 
-    if cuda:
+
+def synthetic_data(directory: Path, cfg: Any, train_tokens: int) -> None:
+    """A tokenize_data-shaped directory of random uint16 ids (the trainer's data path, not a model of text)."""
+    import numpy as np
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    val_tokens = max(cfg.train.eval_batches * cfg.train.micro_batch_size * (cfg.model.seq_len + 1) * 2, 4096)
+    eot = cfg.model.vocab_size - 1
+    for split, n in (("train", train_tokens), ("val", val_tokens)):
+        ids = rng.integers(0, eot, n, dtype=np.uint16)
+        ids[np.cumsum(rng.integers(200, 2000, n // 200 + 1))[:-1].clip(max=n - 1)] = eot   # "documents" end with EOT
+        ids.tofile(directory / f"{split}.bin")
+    meta = {"vocab_size": cfg.model.vocab_size, "dtype": "uint16", "eot_id": eot,
+            "splits": {"train": {"tokens": train_tokens}, "val": {"tokens": val_tokens}},
+            "note": "synthetic ids written by bench/gpu_check.py"}
+    (directory / "meta.json").write_text(json.dumps(meta))
+
+
+def read_mlflow_file_store(store: Path) -> tuple[dict[str, float], dict[str, str]]:
+    """The last value of every metric and every tag of the one run in a file:// MLflow store."""
+    metrics: dict[str, float] = {}
+    tags: dict[str, str] = {}
+    for run in store.glob("*/*/metrics"):
+        for f in run.rglob("*"):
+            lines = f.read_text().split("\n") if f.is_file() else []
+            last = [ln for ln in lines if ln.strip()]
+            if last:
+                metrics[str(f.relative_to(run))] = float(last[-1].split()[1])
+        for f in (run.parent / "tags").rglob("*"):
+            if f.is_file():
+                tags[str(f.relative_to(run.parent / "tags"))] = f.read_text()
+    return metrics, tags
+
+
+def trainer_sets(smoke: bool) -> list[str]:
+    """--set overrides of the trainer phase: no eval or checkpoint in the timed steps; the smoke's tiny shapes."""
+    sets = ["train.eval_every=100000", "train.eval_batches=2", "train.ckpt_every=100000", "train.log_every=5"]
+    if smoke:
+        sets += ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=176",
+                 "model.seq_len=32", "train.micro_batch_size=2", "train.grad_accum_steps=2", "train.batch_size=4",
+                 "train.precision=fp32", "train.compile=false"]
+    return sets
+
+
+def phase_trainer(args: argparse.Namespace, device: Any, out: Partial) -> None:
+    """The real trainer CLI on synthetic tokens; what the paid run will see, from its own MLflow metrics."""
+    smoke = device.type != "cuda"
+    steps = 6 if smoke else args.trainer_steps
+    sets = trainer_sets(smoke)
+    cfg = load_config(args.config, tiny=False, sets=sets)
+    work = Path(tempfile.mkdtemp(prefix="x1-gpu-check-trainer-"))
+    try:
+        synthetic_data(work / "data", cfg, max((steps + 1) * cfg.tokens_per_step() * 2, 1 << 20))
+        cmd = [sys.executable, "-m", "x1_pretrain.train", "--config", str(args.config), "--data-dir",
+               str(work / "data"), "--ckpt-dir", str(work / "ckpt"), "--mlflow-uri", (work / "mlruns").as_uri(),
+               "--total-steps", str(steps)] + [a for s in sets for a in ("--set", s)]
+        out.put("command", " ".join(cmd))
+        env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true", "PYTHONPATH": str(REPO / "src")}
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+        out.put("wall_s", time.monotonic() - t0)
+        print(proc.stdout[-6000:], proc.stderr[-4000:], sep="\n", flush=True)
+        metrics, tags = read_mlflow_file_store(work / "mlruns")
+        keep = ("train/tokens_per_s", "train/mfu", "train/mfu_lab_6n", "train/step_time_s", "train/peak_mem_gib",
+                "train/first_step_s", "train/loss")
+        out.put("metrics", {k: metrics[k] for k in keep if k in metrics})
+        out.put("tags", {k: v for k, v in tags.items() if k in ("compile_mode_effective", "attention_effective",
+                                                                 "kernels", "compile_fallback")})
+        out.put("steps", steps)
+        out.put("tokens_per_step", cfg.tokens_per_step())
+        out.put("exit_code", proc.returncode)
+        out.put("ok", proc.returncode == 0 and "train/tokens_per_s" in metrics and "compile_fallback" not in tags)
+        if proc.returncode != 0:
+            out.put("why", f"the trainer exited {proc.returncode}: "
+                           + (proc.stderr.strip().splitlines() or ["no output"])[-1][:200])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def time_micro_steps(forward: Any, optimizer: Any, cfg: Any, device: Any, measure_s: float,
+                     max_steps: int) -> dict[str, Any]:
+    """Warm micro-steps at the config's micro-batch (an optimizer step every grad_accum_steps)."""
+    import torch
+
+    accum = cfg.train.grad_accum_steps
+    ids = batches(cfg, device, 2)
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    t0 = time.perf_counter()
-    first_loss = micro_step(0)
-    sync()
-    first_s = time.perf_counter() - t0
-    for i in range(1, warmup):
-        micro_step(i)
-    sync()
+    first_loss = math.nan
     t0 = time.perf_counter()
     steps = 0
-    while steps < max_steps and (steps == 0 or time.perf_counter() - t0 < measure_s):
-        micro_step(warmup + steps)
-        steps += 1
-        if steps % 8 == 0:
-            sync()  # the clock is read only after the GPU caught up
-    sync()
+    for i in range(max_steps + 2):
+        if i == 2:
+            sync(device)
+            t0, steps = time.perf_counter(), 0
+        with autocast(cfg, device):
+            loss = forward(ids[i % 2][:, :-1], ids[i % 2][:, 1:])
+        (loss / accum).backward()
+        if i == 0:
+            first_loss = float(loss.detach())
+        if (i + 1) % accum == 0:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        steps += i >= 2
+        if i >= 2 and steps % 4 == 0:
+            sync(device)
+            if time.perf_counter() - t0 > measure_s:
+                break
+    sync(device)
     elapsed = time.perf_counter() - t0
-    tokens_per_s = steps * B * T / elapsed
-    fpt = flops.flops_per_token(cfg.model)
-    name = torch.cuda.get_device_name(device) if cuda else None
-    peak = flops.peak_tflops(name)
-    step_s = elapsed / steps
-    return {
-        "mode": "eager" if compile_mode == "none" else f"compile {compile_mode}",
-        "attention": "flash-attn" if use_flash else "SDPA",
-        "steps": steps, "tokens_per_s": tokens_per_s, "micro_step_ms": 1e3 * step_s,
-        "mfu_honest": flops.mfu(tokens_per_s, fpt.honest, peak),
-        "mfu_lab_6n": flops.mfu(tokens_per_s, fpt.lab_6n, peak),
-        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else math.nan,
-        "reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30 if cuda else math.nan,
-        "first_step_s": first_s, "compile_s": max(first_s - step_s, 0.0) if compile_mode != "none" else math.nan,
-        "first_loss": first_loss, "optimizer_step_s": step_s * accum,
-        "tokens_per_optimizer_step": B * T * accum, "micro_batch": B, "seq_len": T, "grad_accum": accum,
-    }
+    tokens = steps * cfg.train.micro_batch_size * cfg.model.seq_len
+    return {"micro_steps": steps, "tokens_per_s": tokens / elapsed if elapsed > 0 else math.nan,
+            "first_loss": first_loss,
+            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else math.nan}
 
 
-def bf16_vs_fp32(cfg: Any, device: Any, steps: int, batch: int) -> dict[str, Any]:
-    """The same init and fixed batch trained ``steps`` optimizer steps in true fp32 and in bf16 autocast."""
+def phase_ab(args: argparse.Namespace, device: Any, out: Partial, compiled: bool) -> None:
+    """Each switch flipped alone against the config as it is, same init, same batches, in one process."""
     import torch
 
-    from x1_pretrain.model.transformer import flash_available
+    from x1_pretrain.training.device import compile_model, make_deterministic
 
+    tiny = device.type != "cuda"
+    rows: list[dict[str, Any]] = []
+    out.put("mode", "compile default" if compiled else "eager")
+    for name, sets in SWITCHES:
+        if name in (EAGER_ONLY if compiled else COMPILED_ONLY):
+            continue
+        cfg = load_config(args.config, tiny, [*sets, f"train.compile={'true' if compiled else 'false'}"])
+        if cfg.train.deterministic:
+            make_deterministic(device, _noop)
+        torch._dynamo.reset()
+        model, opt = build(cfg, device)
+        attention = "flash-attn" if model.kernels.use_flash else "SDPA"
+        if name.startswith("SDPA") and rows and rows[0]["attention"] == "SDPA":
+            rows.append({"variant": name, "skipped": "the baseline already runs SDPA"})
+            continue
+        forward = compile_model(model, model, "default", cfg.train.compile_scope, print) if compiled else model
+        row = {"variant": name, "attention": attention,
+               **time_micro_steps(forward, opt, cfg, device, args.measure_s, args.max_steps)}
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+        base = rows[0] if rows else row
+        row["speed_vs_baseline"] = row["tokens_per_s"] / base["tokens_per_s"]
+        row["loss_diff_vs_baseline"] = abs(row["first_loss"] - base["first_loss"])
+        rows.append(row)
+        out.put("rows", rows)
+        del model, opt, forward
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    timed = [r for r in rows if "skipped" not in r]
+    out.put("ok", bool(timed) and all(math.isfinite(r["tokens_per_s"]) and r["loss_diff_vs_baseline"] < 0.1
+                                      for r in timed))
+
+
+_GROUPS = [("GEMM", r"gemm|sm\d\d_xmma|cutlass|cublas|\bmm\b|addmm|bmm|matmul|linear|nvjet|_mm_"),
+           ("attention", r"flash|fmha|attention|sdpa|attn"),
+           ("loss", r"logsumexp|log_softmax|nll|cross_entropy|index_put|gather|scatter"),
+           ("optimizer", r"adam|foreach|multi_tensor|_amp_|clip|norm_kernel")]
+
+
+def kernel_group(name: str) -> str:
+    low = name.lower()
+    for group, pattern in _GROUPS:
+        if re.search(pattern, low):
+            return group
+    return "elementwise/other"
+
+
+def phase_profile(args: argparse.Namespace, cfg: Any, device: Any, out: Partial) -> None:
+    """Device time (CPU op time on a CPU) of one optimizer step of the trainer's configuration, by group."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from x1_pretrain.training.device import compile_model, effective_compile_mode
+
+    model, opt = build(cfg, device)
+    forward: Any = model
+    if cfg.train.compile:
+        mode, _ = effective_compile_mode("default", cfg.train.grad_accum_steps)
+        forward = compile_model(model, model, mode, cfg.train.compile_scope, print)
+    time_micro_steps(forward, opt, cfg, device, measure_s=1.0, max_steps=max(2, cfg.train.grad_accum_steps))
     cuda = device.type == "cuda"
-    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    gen = torch.Generator(device=device).manual_seed(2)
-    ids = torch.randint(0, VOCAB, (batch, cfg.model.seq_len + 1), device=device, generator=gen)
-    clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    curves: dict[str, list[float]] = {}
-    try:
-        for precision in ("fp32", "bf16"):
-            model, opt = build(cfg, device, use_flash=precision == "bf16" and cuda and flash_available())
-            losses = []
-            for _ in range(steps):
-                if precision == "bf16":
-                    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
-                        loss = model(ids[:, :-1], ids[:, 1:])
-                else:
-                    loss = model(ids[:, :-1], ids[:, 1:])
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                losses.append(float(loss.detach()))
-            curves[precision] = losses
-            del model, opt
-            if cuda:
-                torch.cuda.empty_cache()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
-    f, b = curves["fp32"], curves["bf16"]
-    diffs = [abs(x - y) for x, y in zip(f, b, strict=True)]
-    rel = max(d / abs(x) for d, x in zip(diffs, f, strict=True))
-    ok = all(map(math.isfinite, f + b)) and rel <= 0.02 and diffs[-1] <= 0.1
-    return {"steps": steps, "batch": batch, "seq_len": cfg.model.seq_len, "fp32_first": f[0], "fp32_last": f[-1],
-            "bf16_first": b[0], "bf16_last": b[-1], "max_abs_diff": max(diffs), "max_rel_diff": rel,
-            "final_abs_diff": diffs[-1], "ok": ok}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        accumulate(forward, cfg, device, batches(cfg, device, cfg.train.grad_accum_steps))
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    groups: dict[str, float] = {}
+    for evt in prof.key_averages():
+        if cuda:
+            t = getattr(evt, "self_device_time_total", None)
+            t = getattr(evt, "self_cuda_time_total", 0.0) if t is None else t
+            if getattr(evt, "device_type", None) is not None and "CUDA" not in str(evt.device_type):
+                continue
+        else:
+            t = evt.self_cpu_time_total if evt.key.startswith("aten::") else 0.0
+        if t:
+            groups[kernel_group(evt.key)] = groups.get(kernel_group(evt.key), 0.0) + t / 1e3
+    busy = sum(groups.values())
+    groups["idle (wall - busy)"] = max(wall_ms - busy, 0.0)
+    out.put("wall_ms", wall_ms)
+    out.put("groups_ms", dict(sorted(groups.items(), key=lambda kv: -kv[1])))
+    out.put("what", f"one optimizer step ({cfg.train.grad_accum_steps} micro-steps of "
+                    f"{cfg.train.micro_batch_size} x {cfg.model.seq_len}), "
+                    + ("device kernel time" if cuda else "CPU time of aten ops") + ", after 2+ warm micro-steps")
+    out.put("ok", busy > 0)
 
 
+# --- the report ----------------------------------------------------------------------------------------
 def report(device: Any) -> dict[str, Any]:
     import torch
 
     from x1_pretrain import __version__
-    from x1_pretrain.model.transformer import flash_available
+    from x1_pretrain.model.transformer import flash_available, flash_compiles
 
     info: dict[str, Any] = {
         "python": platform.python_version(), "torch": torch.__version__, "cuda (torch build)": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "triton": _version("triton") or _version("pytorch-triton"),
         "flash-attn": (_version("flash-attn") or _version("flash_attn") or "not installed")
-        + ("" if flash_available() else " (not importable)" if _version("flash-attn") else ""),
+        + ("" if flash_available() else " (not importable)" if _version("flash-attn") else "")
+        + (", a torch custom op (compiles without breaks)" if flash_compiles() else ""),
         "x1_pretrain": __version__,
     }
     if device.type != "cuda":
@@ -215,12 +470,10 @@ def report(device: Any) -> dict[str, Any]:
     props = torch.cuda.get_device_properties(device)
     info["GPU"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}, " \
                   f"{props.multi_processor_count} SMs"
-    info["driver"] = _nvidia_smi("driver_version")
+    info["driver"] = _nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"])
     info["bf16 supported"] = torch.cuda.is_bf16_supported()
     backends = sdpa_backends(device)
     info["SDPA backends accepting the lab's GQA shapes (bf16)"] = ", ".join(backends) or "none"
-    info["attention kernel"] = "flash-attn 2 (flash_attn_func), as x1 uses under bf16 on CUDA" if flash_available() \
-        else f"PyTorch SDPA ({backends[0] if backends else '?'} backend first); flash-attn not importable"
     return info
 
 
@@ -252,56 +505,64 @@ def sdpa_backends(device: Any) -> list[str]:
     return ok
 
 
-def _nvidia_smi(field: str) -> str | None:
+def _nvidia_smi(args: list[str]) -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=20)
+        return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.TimeoutExpired):
         return None
 
 
-# --- orchestration -----------------------------------------------------------------------------------
+def gpus_seen_by_driver() -> list[str]:
+    listing = _nvidia_smi(["-L"]) or ""
+    return [ln.strip() for ln in listing.splitlines() if ln.strip().startswith("GPU ")]
+
+
+# --- orchestration -------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Result:
     phase: str
-    mode: str
-    status: str                      # ok | timed out | failed: ...
+    status: str                      # ok | FAILED: ... | timed out ... | skipped: ...
     data: dict[str, Any]
     wall_s: float
 
 
-def run_child(phase: str, mode: str, args: argparse.Namespace, timeout_s: float, log: Path) -> Result:
+def run_child(phase: str, args: argparse.Namespace, timeout_s: float, log: Path, env: dict[str, str]) -> Result:
     """One phase in a fresh process (own session, so a timeout kills its compile workers too)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result_file = Path(f.name)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--compile-mode", mode,
-           "--config", str(args.config), "--max-steps", str(args.max_steps), "--measure-s", str(args.measure_s),
-           "--result-file", str(result_file)]
+    result_file.unlink()
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--config", str(args.config),
+           "--max-steps", str(args.max_steps), "--measure-s", str(args.measure_s), "--trainer-steps",
+           str(args.trainer_steps), "--result-file", str(result_file)]
     t0 = time.monotonic()
     with open(log, "a") as logf:
-        logf.write(f"\n===== {phase} {mode} (timeout {timeout_s:.0f} s) =====\n")
+        logf.write(f"\n===== {phase} (at most {timeout_s:.0f} s) =====\n")
         logf.flush()
-        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
-            code = proc.wait(timeout=timeout_s)
+            code: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             code = None
     wall = time.monotonic() - t0
     try:
-        data = json.loads(result_file.read_text()) if code == 0 else {}
+        data = json.loads(result_file.read_text())
     except (OSError, json.JSONDecodeError):
         data = {}
     result_file.unlink(missing_ok=True)
     if code is None:
-        status = f"timed out after {timeout_s:.0f} s"
-    elif code != 0 or not data:
-        status = f"failed (exit {code}): {_last_error(log)}"
+        status = f"timed out after {timeout_s:.0f} s (partial results kept)"
+    elif code != 0:
+        status = f"FAILED (exit {code}): {_last_error(log)}"
+    elif not data.get("ok"):
+        status = "FAILED: " + (data.get("why") or "a check did not pass (see the table)")
     else:
         status = "ok"
-    return Result(phase, mode, status, data, wall)
+    return Result(phase, status, data, wall)
 
 
 def _last_error(log: Path) -> str:
@@ -312,72 +573,33 @@ def _last_error(log: Path) -> str:
     return lines[-1][:160] if lines else "no output"
 
 
-def _fmt(x: Any, spec: str) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "—"
-    return format(x, spec)
+def run_in_process(phase: str, args: argparse.Namespace, device: Any) -> Result:
+    """The CPU smoke: the same phase functions, in this process."""
+    out = Partial(None)
+    t0 = time.monotonic()
+    try:
+        run_phase(phase, args, device, out)
+        status = "ok (smoke)" if out.data.get("ok") else \
+            "FAILED: " + (out.data.get("why") or "a check did not pass (see the table)")
+    except Exception as e:  # a smoke failure is a bug in this code: report it, go on
+        status = f"FAILED: {type(e).__name__}: {e}"
+    return Result(phase, status, out.data, time.monotonic() - t0)
 
 
-def markdown(info: dict[str, Any], results: list[Result], cfg: Any, smoke: bool, total_s: float) -> str:
-    from x1_pretrain.model import flops
-
-    fpt = flops.flops_per_token(cfg.model)
-    lines = [f"# x1 GPU check ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {total_s:.0f} s)", ""]
-    if smoke:
-        lines += ["**No CUDA GPU detected**: versions and a 2-step CPU smoke run of the same code paths on a tiny "
-                  "config only. Nothing below is a measurement.", ""]
-    lines += ["| item | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in info.items()] + [""]
-    m = cfg.model
-    lines += [f"## Throughput: {m.n_layer} layers, d_model {m.d_model}, {m.n_head}/{m.n_kv_head} heads, seq "
-              f"{m.seq_len}, micro-batch {cfg.train.micro_batch_size}, grad accum {cfg.train.grad_accum_steps}, bf16 "
-              f"autocast, random ids",
-              f"FLOPs/token: honest {fpt.honest:.3e}, lab 6N {fpt.lab_6n:.3e} (see ERRATA 1).", "",
-              "| mode | attention | micro-steps timed | tokens/s | MFU honest | MFU lab 6N | ms/micro-step | "
-              "peak mem GiB | first step s | compile ≈ s | status |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    best: dict[str, Any] | None = None
-    for r in results:
-        if r.phase != "throughput":
-            continue
-        d = r.data
-        lines.append(f"| {d.get('mode', r.mode)} | {d.get('attention', '—')} | {d.get('steps', '—')} | "
-                     f"{_fmt(d.get('tokens_per_s'), ',.0f')} | {_fmt(d.get('mfu_honest'), '.3f')} | "
-                     f"{_fmt(d.get('mfu_lab_6n'), '.3f')} | {_fmt(d.get('micro_step_ms'), '.1f')} | "
-                     f"{_fmt(d.get('peak_mem_gib'), '.1f')} | {_fmt(d.get('first_step_s'), '.1f')} | "
-                     f"{_fmt(d.get('compile_s'), '.0f')} | {r.status} |")
-        if r.status == "ok" and (best is None or d["tokens_per_s"] > best["tokens_per_s"]):
-            best = d
-    if best is not None and not smoke:
-        step_s = best["tokens_per_optimizer_step"] / best["tokens_per_s"]
-        steps_24h = int(24 * 3600 / step_s)
-        lines += ["", f"Best: {best['mode']}, {best['tokens_per_s']:,.0f} tokens/s = {step_s:.2f} s per optimizer step "
-                      f"of {best['tokens_per_optimizer_step']:,} tokens on this GPU: ~{steps_24h:,} steps "
-                      f"(~{steps_24h * best['tokens_per_optimizer_step'] / 1e9:.1f}B tokens) in 24 h. "
-                      f"For the launch gate on this GPU: `--expected-step-s {step_s:.2f}`."]
-    for r in results:
-        if r.phase != "bf16-vs-fp32":
-            continue
-        d = r.data
-        lines += ["", f"## bf16 vs fp32: {d.get('steps', '?')} optimizer steps on one fixed batch of "
-                      f"{d.get('batch', '?')} x {d.get('seq_len', '?')} random ids, same init",
-                  "", "| fp32 loss first → last | bf16 loss first → last | max abs Δ | max rel Δ | final abs Δ | "
-                      "verdict |", "|---|---|---|---|---|---|"]
-        verdict = ("tracks (rel ≤ 2%, final ≤ 0.1)" if d.get("ok") else "DOES NOT TRACK") if r.status == "ok" \
-            else r.status
-        lines.append(f"| {_fmt(d.get('fp32_first'), '.3f')} → {_fmt(d.get('fp32_last'), '.3f')} | "
-                     f"{_fmt(d.get('bf16_first'), '.3f')} → {_fmt(d.get('bf16_last'), '.3f')} | "
-                     f"{_fmt(d.get('max_abs_diff'), '.4f')} | {_fmt(d.get('max_rel_diff'), '.4f')} | "
-                     f"{_fmt(d.get('final_abs_diff'), '.4f')} | {verdict} |")
-    return "\n".join(lines) + "\n"
-
-
-def _write(out: Path | None, text: str) -> None:
-    if out is None:
-        return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, out)
+def run_phase(phase: str, args: argparse.Namespace, device: Any, out: Partial) -> None:
+    cfg = load_config(args.config, tiny=device.type != "cuda")
+    if phase == "grads":
+        phase_grads(cfg, device, out)
+    elif phase == "graph-breaks":
+        phase_graph_breaks(cfg, device, out)
+    elif phase == "trainer":
+        phase_trainer(args, device, out)
+    elif phase in ("ab-eager", "ab-compiled"):
+        phase_ab(args, device, out, compiled=phase == "ab-compiled")
+    elif phase == "profile":
+        phase_profile(args, cfg, device, out)
+    else:
+        raise ValueError(f"unknown phase {phase}")
 
 
 def orchestrate(args: argparse.Namespace) -> int:
@@ -387,74 +609,107 @@ def orchestrate(args: argparse.Namespace) -> int:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     info = report(device)
-    if not cuda:
-        print("[gpu_check] no GPU detected: reporting versions and running a CPU smoke test only", flush=True)
+    driver_gpus = gpus_seen_by_driver()
     for k, v in info.items():
         print(f"[gpu_check]   {k}: {v}", flush=True)
-    cfg = load_config(args.config, tiny=not cuda)
     results: list[Result] = []
-    if not cuda:  # the smoke: same functions, in this process, a tiny config, 2 steps each
-        t0 = time.monotonic()
-        tracked = bf16_vs_fp32(cfg, device, steps=2, batch=2)
-        results.append(Result("bf16-vs-fp32", "none", "ok (smoke)", tracked, time.monotonic() - t0))
-        t0 = time.monotonic()
-        tp = throughput(cfg, device, "none", max_steps=2, measure_s=5.0, warmup=1)
-        results.append(Result("throughput", "none", "ok (smoke)", tp, time.monotonic() - t0))
-        print("[gpu_check] CPU smoke run: 2 steps of each phase ran", flush=True)
-    else:
-        torch.cuda.empty_cache()
-        log = args.out.with_suffix(".log") if args.out else Path(tempfile.gettempdir()) / "x1-gpu-check.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text("")
-        for phase, mode, timeout_s in GPU_PHASES:
-            left = args.deadline_s - (time.monotonic() - started) - 5.0
-            if left < 20:
-                results.append(Result(phase, mode, "skipped: --deadline-s reached", {}, 0.0))
+    if driver_gpus and not cuda:
+        why = (f"nvidia-smi sees {len(driver_gpus)} GPU(s) ({driver_gpus[0]}) but torch {torch.__version__} cannot use "
+               f"them (CUDA build {torch.version.cuda}): a CPU-only torch, a driver older than the CUDA build, or "
+               "CUDA_VISIBLE_DEVICES hiding them. Fix this before paying for training.")
+        print(f"[gpu_check] FAIL: {why}", flush=True)
+        results.append(Result("report", f"FAILED: {why}", {"nvidia-smi": driver_gpus}, 0.0))
+        return finish(args, info, results, cuda, started)
+    results.append(Result("report", "ok", {}, time.monotonic() - started))
+    if not cuda:
+        print("[gpu_check] no GPU detected: a CPU smoke test of every phase on a tiny config", flush=True)
+        for phase, _ in PHASES:
+            if phase == "ab-compiled":
+                results.append(Result(phase, "skipped: no compilation on the CPU smoke", {}, 0.0))
                 continue
-            print(f"[gpu_check] {phase} {mode} (at most {min(timeout_s, left):.0f} s) ...", flush=True)
-            r = run_child(phase, mode, args, min(timeout_s, left), log)
-            results.append(r)
-            print(f"[gpu_check]   {r.status} in {r.wall_s:.0f} s"
-                  + (f": {r.data['tokens_per_s']:,.0f} tokens/s" if "tokens_per_s" in r.data else ""), flush=True)
-            _write(args.out, markdown(info, results, cfg, False, time.monotonic() - started))
-        print(f"[gpu_check] child logs: {log}", flush=True)
-    table = markdown(info, results, cfg, not cuda, time.monotonic() - started)
-    _write(args.out, table)
+            results.append(run_in_process(phase, args, device))
+            print(f"[gpu_check] {phase}: {results[-1].status}", flush=True)
+        print("[gpu_check] CPU smoke run finished", flush=True)
+        return finish(args, info, results, cuda, started)
+    log = args.out.with_suffix(".log") if args.out else Path(tempfile.gettempdir()) / "x1-gpu-check.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    cache = Path(tempfile.mkdtemp(prefix="x1-gpu-check-inductor-"))
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO / "src"),
+           "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")}
+    for phase, limit in PHASES:
+        left = args.deadline_s - (time.monotonic() - started) - 5.0
+        if left < 15:
+            results.append(Result(phase, "skipped: --deadline-s reached", {}, 0.0))
+            continue
+        print(f"[gpu_check] {phase} (at most {min(limit, left):.0f} s) ...", flush=True)
+        results.append(run_child(phase, args, min(limit, left), log, env))
+        print(f"[gpu_check]   {results[-1].status} in {results[-1].wall_s:.0f} s", flush=True)
+        write_outputs(args, info, results, cuda, started)
+    print(f"[gpu_check] child logs: {log}", flush=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    return finish(args, info, results, cuda, started)
+
+
+def finish(args: argparse.Namespace, info: dict[str, Any], results: list[Result], cuda: bool, started: float) -> int:
+    table = write_outputs(args, info, results, cuda, started)
     print(table, flush=True)
     if args.out:
-        print(f"[gpu_check] table written to {args.out}", flush=True)
-    return 0
+        print(f"[gpu_check] written: {args.out} and {args.out.with_suffix('.json')}", flush=True)
+    failed = [r.phase for r in results if r.status.startswith(("FAILED", "timed out"))]
+    if failed:
+        print(f"[gpu_check] phases that did not pass: {', '.join(failed)}", flush=True)
+    return 1 if failed else 0
+
+
+def write_outputs(args: argparse.Namespace, info: dict[str, Any], results: list[Result], cuda: bool,
+                  started: float) -> str:
+    from gpu_check_report import markdown
+
+    total = time.monotonic() - started
+    table = markdown(info, results, not cuda, total)
+    if args.out is not None:
+        blob = {"when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "smoke": not cuda, "total_s": total,
+                "info": info, "phases": [dataclasses.asdict(r) for r in results]}
+        _write(args.out, table)
+        _write(args.out.with_suffix(".json"), json.dumps(blob, indent=2, default=str))
+    return table
+
+
+def _write(out: Path, text: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, out)
 
 
 def child(args: argparse.Namespace) -> int:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = load_config(args.config, tiny=device.type != "cuda")
-    if args.phase == "throughput":
-        data = throughput(cfg, device, args.compile_mode, args.max_steps, args.measure_s)
-    else:
-        data = bf16_vs_fp32(cfg, device, steps=50, batch=8)
-    args.result_file.write_text(json.dumps(data))
-    print(json.dumps(data), flush=True)
+    out = Partial(args.result_file)
+    run_phase(args.phase, args, device, out)
+    print(json.dumps(out.data, default=str)[:4000], flush=True)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, help="markdown table to write (also printed)")
+    p.add_argument("--out", type=Path, help="markdown report to write (also printed); the JSON goes beside it")
     p.add_argument("--config", type=Path, default=LAB_CONFIG, help="model/optimizer config (default: the lab's)")
-    p.add_argument("--deadline-s", type=float, default=420.0, help="wall-clock budget for all phases")
-    p.add_argument("--max-steps", type=int, default=256, help="timed micro-steps per throughput phase at most")
-    p.add_argument("--measure-s", type=float, default=25.0, help="timed seconds per throughput phase at most")
-    p.add_argument("--phase", choices=["all", "throughput", "bf16-vs-fp32"], default="all", help=argparse.SUPPRESS)
-    p.add_argument("--compile-mode", default="none", help=argparse.SUPPRESS)
+    p.add_argument("--deadline-s", type=float, default=500.0, help="wall-clock budget for all phases")
+    p.add_argument("--max-steps", type=int, default=48, help="timed micro-steps per A/B variant at most")
+    p.add_argument("--measure-s", type=float, default=3.0, help="timed seconds per A/B variant at most")
+    p.add_argument("--trainer-steps", type=int, default=25, help="optimizer steps of the real trainer phase")
+    p.add_argument("--phase", default="all", help=argparse.SUPPRESS)
     p.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not args.config.is_file():
         print(f"error: --config {args.config}: no such file (run from the x1 checkout, or pass --config)",
               file=sys.stderr)
         return 2
+    if args.out is not None and args.out.suffix != ".md":
+        args.out = args.out / "gpu_check.md" if args.out.is_dir() else args.out.with_suffix(".md")
     return orchestrate(args) if args.phase == "all" else child(args)
 
 

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from x1_pretrain.core.config import ModelConfig
 from x1_pretrain.model.transformer import (
+    Kernels,
     Transformer,
     apply_rope,
     attention_reference,
@@ -98,20 +102,91 @@ def test_loss_at_init_is_near_log_vocab():
     assert abs(loss - torch.log(torch.tensor(1000.0)).item()) < 0.3
 
 
-def test_same_logits_as_transformers_llama():
+@pytest.mark.parametrize("variant", [{}, {"fused_projections": True}, {"tie_embeddings": False},
+                                     {"vocab_pad_multiple": 1}])
+def test_same_logits_and_loss_as_transformers_llama(variant):
+    """Padding (1000 -> 1024 rows here), fused projections and an untied head change tensors inside the model
+    only: the saved weights load into transformers' Llama, the logits match, and the one-pass loss equals the
+    cross-entropy of Llama's logits."""
     transformers = pytest.importorskip("transformers")
+    m = dataclasses.replace(SMALL, **variant)
     torch.manual_seed(0)
-    ours = Transformer(SMALL).eval()
-    for p in ours.parameters():  # non-trivial norm gains too
+    ours = Transformer(m).eval()
+    for p in ours.parameters():  # non-trivial norm gains too (and non-zero padding rows: they must not matter)
         p.data.add_(0.01 * torch.randn_like(p))
-    cfg = {k: v for k, v in hf_config(SMALL).items() if k != "architectures"}
+    cfg = {k: v for k, v in hf_config(m).items() if k != "architectures"}
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg)).eval()
     missing, unexpected = hf.load_state_dict(state_dict_for_saving(ours), strict=False)
-    assert unexpected == [] and set(missing) <= {"lm_head.weight"}
-    assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    assert unexpected == [] and set(missing) <= ({"lm_head.weight"} if m.tie_embeddings else set())
+    if m.tie_embeddings:
+        assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    idx, y = torch.randint(0, 1000, (2, 48)), torch.randint(0, 1000, (2, 48))
+    with torch.no_grad():
+        theirs = hf(idx).logits
+        torch.testing.assert_close(ours(idx), theirs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours(idx, y), F.cross_entropy(theirs.reshape(-1, 1000), y.reshape(-1)),
+                                   atol=1e-5, rtol=1e-6)
+
+
+def test_padding_and_fused_projections_change_nothing_a_user_sees():
+    """Same seed, same init: the padded model's state dict equals the unpadded one's bit for bit and its logits
+    too (the extra rows start at zero and are never part of a softmax); fused projections save the same tensors
+    under Llama's names and load back from them, strictly."""
+    base = dataclasses.replace(SMALL, vocab_pad_multiple=1)
+    models = {}
+    variants = {"plain": base, "padded": SMALL, "fused": dataclasses.replace(SMALL, fused_projections=True)}
+    for name, m in variants.items():
+        torch.manual_seed(7)
+        models[name] = Transformer(m)
+    plain = models["plain"].state_dict()
+    for name in ("padded", "fused"):
+        sd = models[name].state_dict()
+        assert list(sd) == list(plain) if name == "padded" else sorted(sd) == sorted(plain)
+        assert all(torch.equal(sd[k], plain[k]) for k in plain), name
+    padded = models["padded"]
+    assert padded.model.embed_tokens.weight.shape == (1024, 96) and plain["model.embed_tokens.weight"].shape[0] == 1000
+    assert torch.all(padded.model.embed_tokens.weight[1000:] == 0)
     idx = torch.randint(0, 1000, (2, 48))
     with torch.no_grad():
-        torch.testing.assert_close(ours(idx), hf(idx).logits, atol=1e-5, rtol=1e-5)
+        assert torch.equal(padded(idx), models["plain"](idx))
+        torch.testing.assert_close(models["fused"](idx), models["plain"](idx), atol=1e-5, rtol=1e-5)
+    again = Transformer(dataclasses.replace(SMALL, fused_projections=True))
+    again.load_state_dict(plain, strict=True)   # Llama names into the fused layout
+    assert all(torch.equal(again.state_dict()[k], plain[k]) for k in plain)
+    assert not hasattr(again.model.layers[0].self_attn, "q_proj") and "fused" in dict(again.named_modules())[
+        "model.layers.0.self_attn"]._modules
+
+
+def test_padding_rows_never_learn():
+    """Rows 1000..1023 of the padded embedding get no gradient from the head (no probability) nor from the
+    input (no token has those ids), so weight decay and AdamW leave them at zero."""
+    torch.manual_seed(0)
+    model = Transformer(SMALL)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    for fused in (True, False):
+        model.set_kernels(Kernels(fused_loss=fused))
+        idx = torch.randint(0, 1000, (2, 48))
+        model(idx, torch.roll(idx, -1, 1)).backward()
+        assert torch.all(model.model.embed_tokens.weight.grad[1000:] == 0)
+        opt.step()
+        opt.zero_grad()
+    assert torch.all(model.model.embed_tokens.weight[1000:] == 0)
+
+
+def test_bf16_residual_stream_is_bf16_and_norms_stay_fp32():
+    torch.manual_seed(0)
+    model = Transformer(SMALL)
+    seen: dict[str, torch.dtype] = {}
+    model.model.layers[1].register_forward_hook(lambda mod, args, out: seen.__setitem__("residual", out.dtype))
+    model.model.norm.register_forward_pre_hook(lambda mod, args: seen.__setitem__("norm in", args[0].dtype))
+    idx = torch.randint(0, 1000, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fp32_loss = model(idx, idx)
+        assert seen["residual"] == torch.float32
+        model.set_kernels(Kernels(residual_dtype=torch.bfloat16))
+        bf16_loss = model(idx, idx)
+    assert seen["residual"] == torch.bfloat16 and seen["norm in"] == torch.bfloat16
+    assert bf16_loss.dtype == torch.float32 and abs(float(bf16_loss.detach()) - float(fp32_loss.detach())) < 0.05
 
 
 def test_too_long_sequence_is_refused():

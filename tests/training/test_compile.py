@@ -3,11 +3,22 @@ fallback, and no graph break inside the model (the SDPA path; gpu_check counts t
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
+
+import pytest
 import torch
 
 from x1_pretrain.core import config as C
-from x1_pretrain.model.transformer import Transformer
-from x1_pretrain.training.device import CompileFallback, effective_compile_mode
+from x1_pretrain.model.transformer import Kernels, Transformer, state_dict_for_saving
+from x1_pretrain.training.device import (
+    CompileFallback,
+    compile_model,
+    effective_compile_mode,
+    forward_kernels,
+    make_deterministic,
+)
 from x1_pretrain.training.loop import Run, evaluate
 
 from ..conftest import TINY
@@ -71,3 +82,81 @@ def test_the_model_compiles_as_one_graph_without_breaks():
     explained = torch._dynamo.explain(model)(x, torch.roll(x, 1, 1))
     assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
     assert explained.graph_count == 1
+
+
+@pytest.mark.parametrize("variant", [{}, {"fused_projections": True}])
+@pytest.mark.parametrize("bf16", [False, True])
+def test_every_kernel_switch_traces_as_one_graph(variant, bf16):
+    """The one-pass loss (an autograd.Function with a chunk loop), the padded head, fused projections and a bf16
+    residual under autocast: still one graph, no break, for the whole model and for one block (scope blocks)."""
+    cfg = C.load(TINY, sets=["model.seq_len=16"])
+    model = Transformer(dataclasses.replace(cfg.model, **variant))
+    model.set_kernels(Kernels(fused_loss=True, loss_chunk_tokens=12,
+                              residual_dtype=torch.bfloat16 if bf16 else None))
+    x = torch.randint(0, cfg.model.vocab_size, (2, 16))
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with ctx:
+        torch._dynamo.reset()
+        whole = torch._dynamo.explain(model)(x, torch.roll(x, 1, 1))
+        torch._dynamo.reset()
+        block = torch._dynamo.explain(model.model.layers[0])(torch.randn(2, 16, cfg.model.d_model),
+                                                             model.rope_cos[:16], model.rope_sin[:16])
+    for e in (whole, block):
+        assert (e.graph_count, e.graph_break_count) == (1, 0), [str(b.reason) for b in e.break_reasons]
+
+
+def test_block_scope_compiles_each_block_fullgraph_and_a_failure_goes_back_to_eager():
+    cfg = C.load(TINY, sets=["model.seq_len=16"])
+    torch.manual_seed(0)
+    model = Transformer(cfg.model)
+    x = torch.randint(0, cfg.model.vocab_size, (2, 16))
+    with torch.no_grad():
+        expected = model(x, torch.roll(x, 1, 1))
+    logs, reports = [], []
+    forward = compile_model(model, model, "default", "blocks", logs.append)
+    forward.on_fallback = reports.append
+    assert all(b._compiled_call_impl is not None for b in model.model.layers)   # compiled in place
+    assert set(state_dict_for_saving(model)) == set(state_dict_for_saving(Transformer(cfg.model)))  # no _orig_mod
+
+    def broken(*a, **k):
+        raise RuntimeError("Unsupported: graph break in fullgraph mode")
+
+    for b in model.model.layers:      # what a fullgraph failure looks like at the first call
+        b._compiled_call_impl = broken
+    with torch.no_grad():
+        got = forward(x, torch.roll(x, 1, 1))
+    assert torch.equal(got, expected)
+    assert all(b._compiled_call_impl is None for b in model.model.layers)
+    assert reports == ["RuntimeError: Unsupported: graph break in fullgraph mode"] and "EAGERLY" in logs[0]
+
+
+def test_compiled_flash_attn_that_breaks_graphs_is_swapped_for_sdpa(monkeypatch):
+    from x1_pretrain.model import transformer
+
+    cfg = C.load(TINY, sets=["train.compile=true", "train.bf16_residual=true"])
+    logs: list[str] = []
+    monkeypatch.setattr(transformer, "flash_attn_func", lambda *a, **k: None)   # "importable", not a custom op
+    k = forward_kernels(cfg, use_flash=True, log=logs.append)
+    assert not k.use_flash and any("SDPA's flash backend" in m for m in logs)
+    assert k.residual_dtype is None and any("bf16_residual has no effect" in m for m in logs)   # tiny is fp32
+    eager = forward_kernels(C.load(TINY, sets=["train.precision=bf16", "train.bf16_residual=true"]), True, logs.append)
+    assert eager.use_flash and eager.residual_dtype == torch.bfloat16 and eager.fused_loss
+
+
+def test_deterministic_mode_sets_every_switch():
+    import torch._inductor.config as inductor_config
+
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.benchmark
+    inductor_before = getattr(inductor_config, "deterministic", None)
+    logs: list[str] = []
+    try:
+        make_deterministic(torch.device("cpu"), logs.append)
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] in (":4096:8", ":16:8")
+        assert "deterministic mode" in logs[0]
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, before[1]
+        if inductor_before is not None:
+            inductor_config.deterministic = inductor_before

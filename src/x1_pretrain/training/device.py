@@ -159,9 +159,8 @@ def make_deterministic(device: Any, log: Log) -> None:
     torch.backends.cudnn.benchmark = False
     try:
         import torch._inductor.config as inductor_config
-        if hasattr(inductor_config, "deterministic"):
-            inductor_config.deterministic = True     # no autotuning choices that vary between runs
-        inductor_config.fallback_random = True
+        if hasattr(inductor_config, "deterministic"):   # newer torch: no autotuning choices that vary between runs
+            inductor_config.deterministic = True
     except ImportError:
         pass
     log(f"deterministic mode on {device.type}: deterministic algorithms, cuDNN without benchmarking, "

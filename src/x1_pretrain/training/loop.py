@@ -242,6 +242,10 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
         dt = run.clock() - t0
         meter.add(dt)
         state.step = step + 1
+        if meter.seen == 1:  # this process's first step: compilation and warm-up, worth knowing on a paid GPU
+            run.console(f"first step of this process took {dt:.1f} s (compilation and warm-up included)")
+            if run.tracker is not None:
+                run.tracker.log_metrics(state.step, {"train/first_step_s": dt})
         state.tokens_seen += tokens_per_step
         state.train_time_s += dt
         state.last_step_s = dt
@@ -308,6 +312,8 @@ def _log_step(run: Run, state: LoopState, meter: Throughput, metrics: dict[str, 
         "train/param_norm": param_norm(run.raw_model), "train/tokens_per_s": tps, "train/mfu": mfu,
         "train/mfu_lab_6n": mfu_lab, "train/step_time_s": mean_dt, "train/tokens_seen": float(state.tokens_seen),
     })
+    if run.device.type == "cuda":   # the high-water mark of this process (allocated, not cached)
+        metrics["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
     done, end = state.step, run.end_step
     if run.tracker is not None:
         run.tracker.log_metrics(done, dict(metrics))

@@ -1,0 +1,106 @@
+"""gpu_check.md: the tables of bench/gpu_check.py's phases (kept apart from the measuring code)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+
+def _fmt(x: Any, spec: str) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "—"
+    return format(x, spec)
+
+
+def _status(r: Any) -> str:
+    return f"{r.status} ({r.wall_s:.0f} s)"
+
+
+def _grads(r: Any) -> list[str]:
+    d = r.data
+    lines = [f"## Gradients: eager vs compiled, with accumulation — {_status(r)}", "",
+             f"{d.get('shape', '')}; pass when every tensor's relative L2 difference ≤ {d.get('tolerance', '?')}."
+             + (f" Skipped: {d['skipped']}." if d.get("skipped") else ""), "",
+             "| mode | mean loss | max relative grad diff vs eager | first call s | verdict |", "|---|---|---|---|---|"]
+    for row in d.get("rows", []):
+        lines.append(f"| {row['mode']} | {_fmt(row['loss'], '.4f')} | {_fmt(row['max_rel_grad_diff'], '.2e')} | "
+                     f"{_fmt(row['first_call_s'], '.1f')} | {'same' if row['ok'] else 'DIFFERENT'} |")
+    return lines
+
+
+def _breaks(r: Any) -> list[str]:
+    lines = [f"## Graph breaks (torch._dynamo.explain) — {_status(r)}", "",
+             "| what | graphs | breaks | reasons |", "|---|---|---|---|"]
+    for row in r.data.get("rows", []):
+        lines.append(f"| {row['what']} | {row['graphs']} | {row['breaks']} | {'; '.join(row['reasons']) or '—'} |")
+    return lines
+
+
+def _trainer(r: Any, smoke: bool) -> list[str]:
+    d = r.data
+    m, tags = d.get("metrics", {}), d.get("tags", {})
+    lines = [f"## The real trainer: `python -m x1_pretrain.train`, {d.get('steps', '?')} steps on synthetic tokens — "
+             f"{_status(r)}", "",
+             "| tokens/s (warm) | MFU honest | MFU lab 6N | s / optimizer step | first step s (compile) | "
+             "peak mem GiB | compile mode | attention | exit |", "|---|---|---|---|---|---|---|---|---|",
+             f"| {_fmt(m.get('train/tokens_per_s'), ',.0f')} | {_fmt(m.get('train/mfu'), '.3f')} | "
+             f"{_fmt(m.get('train/mfu_lab_6n'), '.3f')} | {_fmt(m.get('train/step_time_s'), '.3f')} | "
+             f"{_fmt(m.get('train/first_step_s'), '.1f')} | {_fmt(m.get('train/peak_mem_gib'), '.1f')} | "
+             f"{tags.get('compile_mode_effective', '—')} | {tags.get('attention_effective', '—')} | "
+             f"{d.get('exit_code', '—')} |", ""]
+    if tags.get("kernels"):
+        lines.append(f"Kernels: {tags['kernels']}.")
+    if tags.get("compile_fallback"):
+        lines.append(f"**torch.compile failed and the trainer fell back to eager**: {tags['compile_fallback']}")
+    step_s = m.get("train/step_time_s")
+    if step_s and not smoke and r.status == "ok":
+        per_day = int(24 * 3600 / step_s)
+        lines.append(f"At {step_s:.3f} s per optimizer step of {d.get('tokens_per_step', 0):,} tokens: ~{per_day:,} "
+                     f"steps in 24 h. For the launch gate on this GPU: `--expected-step-s {step_s:.3f}`.")
+    if d.get("command"):
+        lines += ["", f"Command: `{d['command']}`"]
+    return lines
+
+
+def _ab(r: Any) -> list[str]:
+    d = r.data
+    lines = [f"## A/B of the speed switches, {d.get('mode', '?')} — {_status(r)}", "",
+             "Each row flips one switch of the config; same init, same batches, lab micro-batch.", "",
+             "| variant | attention | micro-steps | tokens/s | vs baseline | peak mem GiB | first loss Δ |",
+             "|---|---|---|---|---|---|---|"]
+    for row in d.get("rows", []):
+        if "skipped" in row:
+            lines.append(f"| {row['variant']} | — | — | — | skipped: {row['skipped']} | — | — |")
+            continue
+        lines.append(f"| {row['variant']} | {row['attention']} | {row['micro_steps']} | "
+                     f"{_fmt(row['tokens_per_s'], ',.0f')} | {_fmt(row['speed_vs_baseline'], '.3f')} | "
+                     f"{_fmt(row['peak_mem_gib'], '.1f')} | {_fmt(row['loss_diff_vs_baseline'], '.1e')} |")
+    return lines
+
+
+def _profile(r: Any) -> list[str]:
+    d = r.data
+    groups = d.get("groups_ms", {})
+    wall = d.get("wall_ms") or math.nan
+    lines = [f"## Profile: {d.get('what', '')} — {_status(r)}", "", f"Wall {_fmt(wall, '.1f')} ms.", "",
+             "| group | ms | share of wall |", "|---|---|---|"]
+    for group, ms in groups.items():
+        lines.append(f"| {group} | {ms:.1f} | {_fmt(ms / wall if wall else math.nan, '.1%')} |")
+    return lines
+
+
+def markdown(info: dict[str, Any], results: list[Any], smoke: bool, total_s: float) -> str:
+    lines = [f"# x1 GPU check ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {total_s:.0f} s)", ""]
+    if smoke:
+        lines += ["**No CUDA GPU detected**: every phase ran on a tiny config on the CPU, without compilation — a "
+                  "smoke test of the code paths. Nothing below is a measurement.", ""]
+    lines += ["| item | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in info.items()] + [""]
+    lines += ["| phase | status |", "|---|---|"] + [f"| {r.phase} | {_status(r)} |" for r in results] + [""]
+    render = {"grads": _grads, "graph-breaks": _breaks, "ab-eager": _ab, "ab-compiled": _ab, "profile": _profile}
+    for r in results:
+        if r.phase == "trainer":
+            lines += [*_trainer(r, smoke), ""]
+        elif r.phase in render and r.data:
+            lines += [*render[r.phase](r), ""]
+    return "\n".join(lines) + "\n"
