@@ -13,6 +13,8 @@ as it goes, and a phase that fails or times out does not stop the next:
                 compile mode x1 uses (default, max-autotune-no-cudagraphs) must agree
   graph-breaks  torch._dynamo.explain on the lab model with the kernels the trainer picks: graphs and breaks for
                 the whole model and for one block (and for raw flash-attn, to show why it is swapped)
+  bf16-vs-fp32  30 optimizer steps of the lab model on one fixed batch from one init: true fp32 (TF32 off), bf16
+                autocast as configured, and bf16 with the bf16 residual stream; the bf16 curves must track fp32
   trainer       THE REAL TRAINER CLI (python -m x1_pretrain.train, the lab config, synthetic uint16 tokens,
                 --trainer-steps steps): warm tokens/s, MFU honest and lab 6N, first step (compile) time, peak
                 memory; --expected-step-s for the launch gate comes from this phase only
@@ -54,8 +56,8 @@ LAB_CONFIG = REPO / "configs" / "x1-50m-a100.yaml"
 VOCAB = 50257
 # (phase, seconds at most) in the order they run; sized for one H100/H200, together under --deadline-s
 PHASES: list[tuple[str, float]] = [
-    ("grads", 75.0), ("graph-breaks", 30.0), ("trainer", 210.0), ("ab-eager", 50.0), ("ab-compiled", 75.0),
-    ("profile", 35.0),
+    ("grads", 70.0), ("graph-breaks", 30.0), ("bf16-vs-fp32", 40.0), ("trainer", 210.0), ("ab-eager", 50.0),
+    ("ab-compiled", 60.0), ("profile", 35.0),
 ]
 # What each A/B variant flips, relative to the config as it is (``--set`` syntax)
 SWITCHES: list[tuple[str, list[str]]] = [
@@ -233,6 +235,45 @@ def phase_graph_breaks(cfg: Any, device: Any, out: Partial) -> None:
         model.set_attention(True)   # what the compiled trainer avoids: raw flash-attn inside the graph
         count("whole model with raw flash-attn (not used under compile)", model, x[:, :-1], x[:, 1:])
     out.put("ok", rows[0]["breaks"] == 0 and rows[1]["breaks"] == 0)
+
+
+def phase_bf16_vs_fp32(cfg: Any, device: Any, out: Partial) -> None:
+    """The same init and fixed batch trained in true fp32, in bf16 autocast, and in bf16 with a bf16 residual."""
+    import torch
+
+    steps = 30 if device.type == "cuda" else 3
+    fixed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=8 if device.type == "cuda"
+                                                                  else 2, compile=False))
+    ids = batches(fixed, device, 1, seed=2)
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    curves: dict[str, list[float]] = {}
+    try:
+        for name, sets in (("fp32", {"precision": "fp32"}), ("bf16", {"precision": "bf16"}),
+                           ("bf16 + bf16 residual", {"precision": "bf16", "bf16_residual": True})):
+            run_cfg = dataclasses.replace(fixed, train=dataclasses.replace(fixed.train, **sets))
+            model, opt = build(run_cfg, device)
+            losses = []
+            for _ in range(steps):
+                losses.append(accumulate(model, run_cfg, device, ids))
+                torch.nn.utils.clip_grad_norm_(model.parameters(), run_cfg.optim.grad_clip or float("inf"))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            curves[name] = losses
+            out.put("curves", curves)
+            del model, opt
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    ref = curves["fp32"]
+    rows = []
+    for name, losses in curves.items():
+        rel = max(abs(a - b) / abs(a) for a, b in zip(ref, losses, strict=True))
+        rows.append({"run": name, "first": losses[0], "last": losses[-1], "max_rel_diff": rel,
+                     "final_abs_diff": abs(ref[-1] - losses[-1]),
+                     "ok": all(map(math.isfinite, losses)) and rel <= 0.02 and abs(ref[-1] - losses[-1]) <= 0.1})
+    out.put("rows", rows)
+    out.put("steps", steps)
+    out.put("ok", all(r["ok"] for r in rows))
 
 
 def synthetic_data(directory: Path, cfg: Any, train_tokens: int) -> None:
@@ -592,6 +633,8 @@ def run_phase(phase: str, args: argparse.Namespace, device: Any, out: Partial) -
         phase_grads(cfg, device, out)
     elif phase == "graph-breaks":
         phase_graph_breaks(cfg, device, out)
+    elif phase == "bf16-vs-fp32":
+        phase_bf16_vs_fp32(cfg, device, out)
     elif phase == "trainer":
         phase_trainer(args, device, out)
     elif phase in ("ab-eager", "ab-compiled"):

@@ -37,6 +37,17 @@ def _breaks(r: Any) -> list[str]:
     return lines
 
 
+def _bf16(r: Any) -> list[str]:
+    d = r.data
+    lines = [f"## bf16 vs fp32: {d.get('steps', '?')} optimizer steps on one fixed batch, one init — {_status(r)}", "",
+             "| run | loss first → last | max rel Δ vs fp32 | final abs Δ | verdict |", "|---|---|---|---|---|"]
+    for row in d.get("rows", []):
+        lines.append(f"| {row['run']} | {_fmt(row['first'], '.3f')} → {_fmt(row['last'], '.3f')} | "
+                     f"{_fmt(row['max_rel_diff'], '.4f')} | {_fmt(row['final_abs_diff'], '.4f')} | "
+                     f"{'tracks (rel ≤ 2%, final ≤ 0.1)' if row['ok'] else 'DOES NOT TRACK'} |")
+    return lines
+
+
 def _trainer(r: Any, smoke: bool) -> list[str]:
     d = r.data
     m, tags = d.get("metrics", {}), d.get("tags", {})
@@ -97,7 +108,8 @@ def markdown(info: dict[str, Any], results: list[Any], smoke: bool, total_s: flo
                   "smoke test of the code paths. Nothing below is a measurement.", ""]
     lines += ["| item | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in info.items()] + [""]
     lines += ["| phase | status |", "|---|---|"] + [f"| {r.phase} | {_status(r)} |" for r in results] + [""]
-    render = {"grads": _grads, "graph-breaks": _breaks, "ab-eager": _ab, "ab-compiled": _ab, "profile": _profile}
+    render = {"grads": _grads, "graph-breaks": _breaks, "bf16-vs-fp32": _bf16, "ab-eager": _ab, "ab-compiled": _ab,
+              "profile": _profile}
     for r in results:
         if r.phase == "trainer":
             lines += [*_trainer(r, smoke), ""]

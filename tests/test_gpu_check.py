@@ -34,7 +34,8 @@ def test_without_a_gpu_every_phase_runs_as_a_smoke_and_it_exits_0(tmp_path):
     assert "No CUDA GPU detected" in table and "| torch |" in table
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     phases = {p["phase"]: p for p in report["phases"]}
-    assert list(phases) == ["report", "grads", "graph-breaks", "trainer", "ab-eager", "ab-compiled", "profile"]
+    assert list(phases) == ["report", "grads", "graph-breaks", "bf16-vs-fp32", "trainer", "ab-eager", "ab-compiled",
+                            "profile"]
     assert report["smoke"] is True
     assert all(p["status"].startswith(("ok", "skipped")) for p in phases.values()), phases
     trainer = phases["trainer"]["data"]
@@ -47,6 +48,7 @@ def test_without_a_gpu_every_phase_runs_as_a_smoke_and_it_exits_0(tmp_path):
     variants = [r["variant"] for r in phases["ab-eager"]["data"]["rows"]]
     assert variants[0].startswith("baseline") and "one-pass loss off" in variants and "vocab padding off" in variants
     assert sum(phases["profile"]["data"]["groups_ms"].values()) > 0
+    assert [r["run"] for r in phases["bf16-vs-fp32"]["data"]["rows"]] == ["fp32", "bf16", "bf16 + bf16 residual"]
     assert "## The real trainer" in table and "## A/B of the speed switches" in table
 
 
