@@ -46,13 +46,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 logits = (hs @ wc.t()).float()                           # (n, Vp), the only big buffer
                 if logits.shape[1] > vocab:
                     logits[:, vocab:] = float("-inf")                    # padding: no probability
-                lse = torch.logsumexp(logits, dim=1)                     # (n,)
                 picked = logits.gather(1, ys[:, None]).squeeze(1)        # (n,)
-                total = total + (lse - picked).sum()
+                # log-sum-exp in place (torch.logsumexp would allocate a second buffer of this size)
+                top = logits.amax(dim=1)                                 # (n,)
+                total_exp = logits.sub_(top[:, None]).exp_().sum(dim=1)  # logits now hold exp(logit - top)
+                total = total + (top + total_exp.log() - picked).sum()
                 if not want_grad:
                     continue
-                # d(mean loss)/d(logits) = (softmax - onehot) / N, made in place in the logits' buffer
-                grad = logits.sub_(lse[:, None]).exp_()
+                # d(mean loss)/d(logits) = (softmax - onehot) / N, made in place in the same buffer
+                grad = logits.div_(total_exp[:, None])
                 rows = torch.arange(stop - start, device=h.device)
                 grad[rows, ys] -= 1.0                                    # unique (row, id) pairs: deterministic
                 grad = grad.mul_(1.0 / n_tokens).to(dtype)
