@@ -70,7 +70,8 @@ SWITCHES: list[tuple[str, list[str]]] = [
     ("SDPA instead of flash-attn", ["train.attention=sdpa"]),
     ("compile scope blocks", ["train.compile_scope=blocks"]),
 ]
-EAGER_ONLY = {"SDPA instead of flash-attn", "deterministic on"}
+EAGER_ONLY = {"SDPA instead of flash-attn"}
+REPEAT_CHECK = {"baseline (config as is)", "deterministic on"}   # do two identical backward passes match bitwise?
 COMPILED_ONLY = {"compile scope blocks"}
 
 
@@ -117,7 +118,7 @@ def build(cfg: Any, device: Any, seed: int = 0) -> tuple[Any, Any]:
 
     torch.manual_seed(seed)
     model = Transformer(cfg.model).to(device)
-    model.set_kernels(forward_kernels(cfg, hardware_plan(cfg, device, _noop), _noop))
+    model.set_kernels(forward_kernels(cfg, device, hardware_plan(cfg, device, _noop), _noop))
     return model, build_optimizer(model, cfg, device)
 
 
@@ -228,6 +229,8 @@ def phase_graph_breaks(cfg: Any, device: Any, out: Partial) -> None:
         out.put("rows", rows)
 
     attention = "flash-attn" if model.kernels.use_flash else "SDPA"
+    if device.type == "cuda":
+        out.put("sdpa_backends_for_gqa_bf16", sdpa_backends(device))
     count(f"whole model + loss ({attention})", model, x[:, :-1], x[:, 1:])
     h = torch.randn(2, cfg.model.seq_len, cfg.model.d_model, device=device)
     count(f"one block ({attention})", model.model.layers[0], h, model.rope_cos, model.rope_sin)
@@ -326,7 +329,8 @@ def phase_trainer(args: argparse.Namespace, device: Any, out: Partial) -> None:
     steps = 6 if smoke else args.trainer_steps
     sets = trainer_sets(smoke)
     cfg = load_config(args.config, tiny=False, sets=sets)
-    work = Path(tempfile.mkdtemp(prefix="x1-gpu-check-trainer-"))
+    # under the orchestrator's scratch dir (X1_GPU_CHECK_TMP), which it removes even when this phase is killed
+    work = Path(tempfile.mkdtemp(prefix="x1-gpu-check-trainer-", dir=os.environ.get("X1_GPU_CHECK_TMP")))
     try:
         synthetic_data(work / "data", cfg, max((steps + 1) * cfg.tokens_per_step() * 2, 1 << 20))
         cmd = [sys.executable, "-m", "x1_pretrain.train", "--config", str(args.config), "--data-dir",
@@ -364,13 +368,14 @@ def time_micro_steps(forward: Any, optimizer: Any, cfg: Any, device: Any, measur
     ids = batches(cfg, device, 2)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    first_loss = math.nan
-    t0 = time.perf_counter()
+    first_loss, first_s = math.nan, math.nan
+    t0 = start = time.perf_counter()
     steps = 0
     for i in range(max_steps + 2):
         if i == 2:
             sync(device)
             t0, steps = time.perf_counter(), 0
+            first_s = t0 - start   # the two warm micro-steps: compilation included
         with autocast(cfg, device):
             loss = forward(ids[i % 2][:, :-1], ids[i % 2][:, 1:])
         (loss / accum).backward()
@@ -388,21 +393,40 @@ def time_micro_steps(forward: Any, optimizer: Any, cfg: Any, device: Any, measur
     elapsed = time.perf_counter() - t0
     tokens = steps * cfg.train.micro_batch_size * cfg.model.seq_len
     return {"micro_steps": steps, "tokens_per_s": tokens / elapsed if elapsed > 0 else math.nan,
-            "first_loss": first_loss,
+            "first_loss": first_loss, "first_s": first_s,
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else math.nan}
 
 
+def grads_repeat(forward: Any, model: Any, cfg: Any, device: Any) -> bool:
+    """Two backward passes of the same weights on the same batches: bitwise the same gradients?"""
+    ids = batches(cfg, device, 2, seed=3)
+    runs = []
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        accumulate(forward, cfg, device, ids)
+        runs.append([p.grad.detach().clone() for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    return all(a.equal(b) for a, b in zip(*runs, strict=True))
+
+
 def phase_ab(args: argparse.Namespace, device: Any, out: Partial, compiled: bool) -> None:
-    """Each switch flipped alone against the config as it is, same init, same batches, in one process."""
+    """Each switch flipped alone against the config as it is, same init, same batches, in one process; a
+    variant that would not finish within the phase's budget (its compile measured on the baseline) is skipped."""
     import torch
 
     from x1_pretrain.training.device import compile_model, make_deterministic
 
     tiny = device.type != "cuda"
+    started = time.monotonic()
     rows: list[dict[str, Any]] = []
     out.put("mode", "compile default" if compiled else "eager")
     for name, sets in SWITCHES:
         if name in (EAGER_ONLY if compiled else COMPILED_ONLY):
+            continue
+        cost = rows[0]["first_s"] + args.measure_s + 5.0 if rows else 0.0
+        if rows and time.monotonic() - started + cost > args.phase_budget_s:
+            rows.append({"variant": name, "skipped": "no time left in this phase"})
+            out.put("rows", rows)
             continue
         cfg = load_config(args.config, tiny, [*sets, f"train.compile={'true' if compiled else 'false'}"])
         if cfg.train.deterministic:
@@ -416,6 +440,9 @@ def phase_ab(args: argparse.Namespace, device: Any, out: Partial, compiled: bool
         forward = compile_model(model, model, "default", cfg.train.compile_scope, print) if compiled else model
         row = {"variant": name, "attention": attention,
                **time_micro_steps(forward, opt, cfg, device, args.measure_s, args.max_steps)}
+        if name in REPEAT_CHECK:
+            row["repeatable"] = grads_repeat(forward, model, cfg, device)
+        row["compile_failed"] = getattr(forward, "failed", None)    # a fallback measures eager, not compiled
         torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.deterministic = False
         base = rows[0] if rows else row
@@ -427,12 +454,16 @@ def phase_ab(args: argparse.Namespace, device: Any, out: Partial, compiled: bool
         if device.type == "cuda":
             torch.cuda.empty_cache()
     timed = [r for r in rows if "skipped" not in r]
-    out.put("ok", bool(timed) and all(math.isfinite(r["tokens_per_s"]) and r["loss_diff_vs_baseline"] < 0.1
-                                      for r in timed))
+    not_repeatable = [r["variant"] for r in timed if r.get("repeatable") is False and "deterministic" in r["variant"]]
+    bad = [r["variant"] for r in timed if r["compile_failed"] or not math.isfinite(r["tokens_per_s"])
+           or r["loss_diff_vs_baseline"] >= 0.1] + not_repeatable
+    out.put("ok", bool(timed) and not bad)
+    if bad:
+        out.put("why", f"variants that failed (compile fallback, NaN, diverging loss or not repeatable): {bad}")
 
 
-_GROUPS = [("GEMM", r"gemm|sm\d\d_xmma|cutlass|cublas|\bmm\b|addmm|bmm|matmul|linear|nvjet|_mm_"),
-           ("attention", r"flash|fmha|attention|sdpa|attn"),
+_GROUPS = [("attention", r"flash|fmha|attention|sdpa|attn"),   # before GEMM: attention kernels are cutlass templates
+           ("GEMM", r"gemm|sm\d\d_xmma|cublas|\bmm\b|addmm|bmm|matmul|linear|nvjet|_mm_"),
            ("loss", r"logsumexp|log_softmax|nll|cross_entropy|index_put|gather|scatter"),
            ("optimizer", r"adam|foreach|multi_tensor|_amp_|clip|norm_kernel")]
 
@@ -480,12 +511,13 @@ def phase_profile(args: argparse.Namespace, cfg: Any, device: Any, out: Partial)
             groups[kernel_group(evt.key)] = groups.get(kernel_group(evt.key), 0.0) + t / 1e3
     busy = sum(groups.values())
     groups["idle (wall - busy)"] = max(wall_ms - busy, 0.0)
+    out.put("compile_failed", getattr(forward, "failed", None))
     out.put("wall_ms", wall_ms)
     out.put("groups_ms", dict(sorted(groups.items(), key=lambda kv: -kv[1])))
     out.put("what", f"one optimizer step ({cfg.train.grad_accum_steps} micro-steps of "
                     f"{cfg.train.micro_batch_size} x {cfg.model.seq_len}), "
                     + ("device kernel time" if cuda else "CPU time of aten ops") + ", after 2+ warm micro-steps")
-    out.put("ok", busy > 0)
+    out.put("ok", busy > 0 and not out.data["compile_failed"])
 
 
 # --- the report ----------------------------------------------------------------------------------------
@@ -508,13 +540,12 @@ def report(device: Any) -> dict[str, Any]:
         info["GPU"] = "none: no CUDA GPU detected (torch.cuda.is_available() is False)"
         info["attention kernel"] = "SDPA on the CPU (flash-attn needs CUDA)"
         return info
+    # properties only: the orchestrator makes no CUDA context (a GPU in exclusive-process mode stays the phases')
     props = torch.cuda.get_device_properties(device)
     info["GPU"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}, " \
                   f"{props.multi_processor_count} SMs"
     info["driver"] = _nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"])
-    info["bf16 supported"] = torch.cuda.is_bf16_supported()
-    backends = sdpa_backends(device)
-    info["SDPA backends accepting the lab's GQA shapes (bf16)"] = ", ".join(backends) or "none"
+    info["bf16 (sm_80 or newer)"] = (props.major, props.minor) >= (8, 0)
     return info
 
 
@@ -577,7 +608,8 @@ def run_child(phase: str, args: argparse.Namespace, timeout_s: float, log: Path,
     result_file.unlink()
     cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--config", str(args.config),
            "--max-steps", str(args.max_steps), "--measure-s", str(args.measure_s), "--trainer-steps",
-           str(args.trainer_steps), "--result-file", str(result_file)]
+           str(args.trainer_steps), "--phase-budget-s", f"{max(timeout_s - 10.0, 5.0):.0f}",
+           "--result-file", str(result_file)]
     t0 = time.monotonic()
     with open(log, "a") as logf:
         logf.write(f"\n===== {phase} (at most {timeout_s:.0f} s) =====\n")
@@ -677,8 +709,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     log = args.out.with_suffix(".log") if args.out else Path(tempfile.gettempdir()) / "x1-gpu-check.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
-    cache = Path(tempfile.mkdtemp(prefix="x1-gpu-check-inductor-"))
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO / "src"),
+    scratch = Path(tempfile.mkdtemp(prefix="x1-gpu-check-"))
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"), "X1_GPU_CHECK_TMP": str(scratch),
+           "PYTHONPATH": str(REPO / "src"),
            "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")}
     for phase, limit in PHASES:
         left = args.deadline_s - (time.monotonic() - started) - 5.0
@@ -690,7 +723,7 @@ def orchestrate(args: argparse.Namespace) -> int:
         print(f"[gpu_check]   {results[-1].status} in {results[-1].wall_s:.0f} s", flush=True)
         write_outputs(args, info, results, cuda, started)
     print(f"[gpu_check] child logs: {log}", flush=True)
-    shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)
     return finish(args, info, results, cuda, started)
 
 
@@ -745,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measure-s", type=float, default=3.0, help="timed seconds per A/B variant at most")
     p.add_argument("--trainer-steps", type=int, default=25, help="optimizer steps of the real trainer phase")
     p.add_argument("--phase", default="all", help=argparse.SUPPRESS)
+    p.add_argument("--phase-budget-s", type=float, default=60.0, help=argparse.SUPPRESS)
     p.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not args.config.is_file():

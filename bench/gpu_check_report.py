@@ -34,6 +34,9 @@ def _breaks(r: Any) -> list[str]:
              "| what | graphs | breaks | reasons |", "|---|---|---|---|"]
     for row in r.data.get("rows", []):
         lines.append(f"| {row['what']} | {row['graphs']} | {row['breaks']} | {'; '.join(row['reasons']) or '—'} |")
+    if "sdpa_backends_for_gqa_bf16" in r.data:
+        lines += ["", "SDPA backends that run x1's GQA attention (12 query / 4 KV heads, bf16): "
+                  + (", ".join(r.data["sdpa_backends_for_gqa_bf16"]) or "none") + "."]
     return lines
 
 
@@ -78,15 +81,19 @@ def _ab(r: Any) -> list[str]:
     d = r.data
     lines = [f"## A/B of the speed switches, {d.get('mode', '?')} — {_status(r)}", "",
              "Each row flips one switch of the config; same init, same batches, lab micro-batch.", "",
-             "| variant | attention | micro-steps | tokens/s | vs baseline | peak mem GiB | first loss Δ |",
-             "|---|---|---|---|---|---|---|"]
+             "| variant | attention | micro-steps | tokens/s | vs baseline | peak mem GiB | first loss Δ | "
+             "grads repeat bitwise | first 2 micro-steps s |", "|---|---|---|---|---|---|---|---|---|"]
     for row in d.get("rows", []):
         if "skipped" in row:
-            lines.append(f"| {row['variant']} | — | — | — | skipped: {row['skipped']} | — | — |")
+            lines.append(f"| {row['variant']} | — | — | — | skipped: {row['skipped']} | — | — | — | — |")
             continue
-        lines.append(f"| {row['variant']} | {row['attention']} | {row['micro_steps']} | "
+        repeat = {True: "yes", False: "NO"}.get(row.get("repeatable"), "—")
+        name = row["variant"] + (f" (**compile failed, ran eagerly**: {row['compile_failed']})"
+                                 if row.get("compile_failed") else "")
+        lines.append(f"| {name} | {row['attention']} | {row['micro_steps']} | "
                      f"{_fmt(row['tokens_per_s'], ',.0f')} | {_fmt(row['speed_vs_baseline'], '.3f')} | "
-                     f"{_fmt(row['peak_mem_gib'], '.1f')} | {_fmt(row['loss_diff_vs_baseline'], '.1e')} |")
+                     f"{_fmt(row['peak_mem_gib'], '.1f')} | {_fmt(row['loss_diff_vs_baseline'], '.1e')} | {repeat} | "
+                     f"{_fmt(row.get('first_s'), '.1f')} |")
     return lines
 
 
@@ -94,7 +101,9 @@ def _profile(r: Any) -> list[str]:
     d = r.data
     groups = d.get("groups_ms", {})
     wall = d.get("wall_ms") or math.nan
-    lines = [f"## Profile: {d.get('what', '')} — {_status(r)}", "", f"Wall {_fmt(wall, '.1f')} ms.", "",
+    failed = f" **torch.compile failed, the profile is eager's**: {d['compile_failed']}." if d.get("compile_failed") \
+        else ""
+    lines = [f"## Profile: {d.get('what', '')} — {_status(r)}", "", f"Wall {_fmt(wall, '.1f')} ms.{failed}", "",
              "| group | ms | share of wall |", "|---|---|---|"]
     for group, ms in groups.items():
         lines.append(f"| {group} | {ms:.1f} | {_fmt(ms / wall if wall else math.nan, '.1%')} |")

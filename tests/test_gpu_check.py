@@ -45,8 +45,9 @@ def test_without_a_gpu_every_phase_runs_as_a_smoke_and_it_exits_0(tmp_path):
     assert "vocab rows 50304 for 50257" in trainer["tags"]["kernels"]
     breaks = phases["graph-breaks"]["data"]["rows"]
     assert [(r["graphs"], r["breaks"]) for r in breaks] == [(1, 0), (1, 0)]
-    variants = [r["variant"] for r in phases["ab-eager"]["data"]["rows"]]
-    assert variants[0].startswith("baseline") and "one-pass loss off" in variants and "vocab padding off" in variants
+    rows = {r["variant"]: r for r in phases["ab-eager"]["data"]["rows"]}
+    assert next(iter(rows)).startswith("baseline") and "one-pass loss off" in rows and "vocab padding off" in rows
+    assert rows["deterministic on"]["repeatable"] is True and rows["baseline (config as is)"]["repeatable"] is True
     assert sum(phases["profile"]["data"]["groups_ms"].values()) > 0
     assert [r["run"] for r in phases["bf16-vs-fp32"]["data"]["rows"]] == ["fp32", "bf16", "bf16 + bf16 residual"]
     assert "## The real trainer" in table and "## A/B of the speed switches" in table
@@ -84,7 +85,9 @@ def test_a_phase_past_its_deadline_is_killed_and_keeps_what_it_measured(tmp_path
 
 
 @pytest.mark.parametrize("name,group", [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM"),
-                                        ("flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", "attention"),
+                                        ("flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, cutlass::bfloat16_t>>",
+                                         "attention"),
+                                        ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80", "attention"),
                                         ("triton_red_fused_exp_logsumexp_sub_0", "loss"),
                                         ("void at::native::multi_tensor_apply_kernel<FusedAdamW>", "optimizer"),
                                         ("triton_poi_fused_add_mul_silu_3", "elementwise/other")])

@@ -182,6 +182,9 @@ def test_second_sigint_aborts_at_once(demo_data, tmp_path):
             "--set", "train.grad_accum_steps=8"]  # steps of ~4 s, so both signals land inside one
     proc = start(train_cmd(demo_data, ckpt, 50, *slow), tmp_path / "log")
     wait_for(lambda: progress_step(ckpt) >= 1, proc=proc)
+    # progress.json is written a moment before the step's stop agreement: a signal polled out at once can land in
+    # that moment and stop the run after step 1, before the second one arrives. One second in, it is inside step 2.
+    time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.4)  # two identical signals sent at once can merge into one delivery
     proc.send_signal(signal.SIGINT)

@@ -74,6 +74,27 @@ def test_eval_runs_the_plain_module_never_the_compiled_one():
     assert evaluate(run) == expected and model.training
 
 
+def test_eval_runs_blocks_compiled_in_place_eagerly_and_leaves_them_compiled():
+    """compile_scope blocks compiles the plain module's blocks in place: the step-0 eval must not be their
+    first compiled call (nor fail in a compile the fallback cannot see)."""
+    cfg = C.load(TINY, sets=["model.seq_len=16"])
+    model = Transformer(cfg.model)
+
+    def compiled(*a, **k):
+        raise AssertionError("the eval entered a compiled block")
+
+    for b in model.model.layers:
+        b._compiled_call_impl = compiled
+    run = tiny_run(model, compiled)
+    x, y = run.val_batches[0]
+    value = evaluate(run)
+    assert all(b._compiled_call_impl is compiled for b in model.model.layers)
+    for b in model.model.layers:
+        b._compiled_call_impl = None
+    with torch.no_grad():
+        assert value == float(model(x, y))
+
+
 def test_the_model_compiles_as_one_graph_without_breaks():
     cfg = C.load(TINY, sets=["model.seq_len=16"])
     model = Transformer(cfg.model)
@@ -136,11 +157,25 @@ def test_compiled_flash_attn_that_breaks_graphs_is_swapped_for_sdpa(monkeypatch)
     cfg = C.load(TINY, sets=["train.compile=true", "train.bf16_residual=true"])
     logs: list[str] = []
     monkeypatch.setattr(transformer, "flash_attn_func", lambda *a, **k: None)   # "importable", not a custom op
-    k = forward_kernels(cfg, use_flash=True, log=logs.append)
+    k = forward_kernels(cfg, torch.device("cpu"), use_flash=True, log=logs.append)
     assert not k.use_flash and any("SDPA's flash backend" in m for m in logs)
     assert k.residual_dtype is None and any("bf16_residual has no effect" in m for m in logs)   # tiny is fp32
-    eager = forward_kernels(C.load(TINY, sets=["train.precision=bf16", "train.bf16_residual=true"]), True, logs.append)
+    cpu = torch.device("cpu")
+    eager = forward_kernels(C.load(TINY, sets=["train.precision=bf16", "train.bf16_residual=true"]), cpu, True,
+                            logs.append)
     assert eager.use_flash and eager.residual_dtype == torch.bfloat16 and eager.fused_loss
+    # deterministic: a flash-attn without a deterministic backward is not used; one with it is kept under compile
+    logs.clear()
+    det = C.load(TINY, sets=["train.compile=true", "train.deterministic=true"])
+    assert not forward_kernels(det, cpu, True, logs.append).use_flash and "no deterministic backward" in logs[0]
+
+    def flash_with_flag(q, k, v, dropout_p=0.0, causal=False, deterministic=False):
+        return None
+
+    monkeypatch.setattr(transformer, "flash_attn_func", flash_with_flag)
+    logs.clear()
+    kept = forward_kernels(det, cpu, True, logs.append)
+    assert kept.use_flash and kept.deterministic and "keeps flash-attn's deterministic backward" in logs[0]
 
 
 def test_deterministic_mode_sets_every_switch():

@@ -44,8 +44,10 @@ def test_two_ranks_match_one_process_and_resume_exactly(demo_data, tmp_path):
     for s in l1:
         assert abs(l1[s] - l2[s]) <= 1e-5 * abs(l1[s]), s
     w1, w2 = safetensors_io.load(one / "final.safetensors"), safetensors_io.load(two / "final.safetensors")
+    # Gradients agree to float rounding (all-reduce vs accumulation order); AdamW's lr * m / sqrt(v) can turn that
+    # into ~1e-5 on a weight whose gradient is near zero (seen: 1.16e-5 on one of 11,264, torch 2.5), so 5e-5.
     for k in w1:
-        torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(w1[k], w2[k], atol=5e-5, rtol=1e-4)
     assert [p.name for _, p in ck.list_step_dirs(two)] == ["step_0000004", "step_0000008"]  # rank 0 alone wrote
 
     # the same job, interrupted after its step-4 checkpoint and resumed with the same world size

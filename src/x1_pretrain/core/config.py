@@ -390,6 +390,12 @@ OPERATIONAL_KEYS = frozenset({
 })
 
 
+DEFAULTS: dict[str, Any] = flatten(dataclasses.asdict(Config()))
+# Keys x1 gained later whose absence from an older checkpoint's config means another value than the default:
+# a run from before vocabulary padding had none.
+BEFORE_KEY_EXISTED: dict[str, Any] = {"model.vocab_pad_multiple": 1}
+
+
 def diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """Keys whose values differ between two config dicts, as (key, a, b)."""
     fa, fb = flatten(a), flatten(b)

@@ -51,6 +51,18 @@ def flash_compiles() -> bool:
         return False
 
 
+def flash_has_deterministic_backward() -> bool:
+    """flash-attn >= 2.4.1 takes ``deterministic=True`` (a slower backward without atomic adds)."""
+    import inspect
+
+    if flash_attn_func is None:
+        return False
+    try:
+        return "deterministic" in inspect.signature(flash_attn_func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 @dataclass
 class Kernels:
     """How the forward runs; none of it changes the parameters or the state dict.

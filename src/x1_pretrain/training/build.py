@@ -118,7 +118,7 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
         make_deterministic(device, log)
     seed_everything(cfg.train.seed)
     model = Transformer(cfg.model).to(device)
-    model.set_kernels(forward_kernels(cfg, use_flash, log))
+    model.set_kernels(forward_kernels(cfg, device, use_flash, log))
     use_flash = model.kernels.use_flash
     optimizer = build_optimizer(model, cfg, device)
     state = LoopState()

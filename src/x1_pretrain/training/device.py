@@ -124,19 +124,29 @@ class CompileFallback:
         return self.eager.eval()
 
 
-def forward_kernels(cfg: Any, use_flash: bool, log: Log) -> Any:
+def forward_kernels(cfg: Any, device: Any, use_flash: bool, log: Log) -> Any:
     """How the model's forward runs for this config (``model.transformer.Kernels``). Under torch.compile a
     flash-attn that is not a torch custom op (before 2.7) would break the graph at every attention call, so
     the compiled model uses SDPA, whose flash backend runs the same kind of kernel inside the graph."""
     import torch
 
-    from ..model.transformer import Kernels, flash_compiles
+    from ..model.transformer import Kernels, flash_compiles, flash_has_deterministic_backward
 
     t = cfg.train
-    if use_flash and t.compile and not flash_compiles():
+    if use_flash and t.deterministic and not flash_has_deterministic_backward():
+        log("warning: train.deterministic: this flash-attn has no deterministic backward (flash-attn >= 2.4.1 has); "
+            "attention uses PyTorch SDPA")
+        use_flash = False
+    elif use_flash and t.deterministic and t.compile and not flash_compiles():
+        log("train.deterministic keeps flash-attn's deterministic backward under torch.compile, although this "
+            "flash-attn build breaks the graph at every attention call (slower: bench/gpu_check.sh measures it)")
+    elif use_flash and t.compile and not flash_compiles():
         log("attention: this flash-attn build breaks torch.compile's graph at every call (it is not a torch custom "
             "op before flash-attn 2.7); the compiled model uses PyTorch SDPA's flash backend instead")
         use_flash = False
+    if t.deterministic and not use_flash and device.type == "cuda":
+        log("note: train.deterministic with SDPA attention: whether its backward is deterministic depends on the "
+            "torch build (on a CPU it is); bench/gpu_check.sh's A/B checks that gradients repeat bit for bit")
     residual = None
     if t.bf16_residual:
         if t.precision == "bf16":
@@ -163,8 +173,9 @@ def make_deterministic(device: Any, log: Log) -> None:
             inductor_config.deterministic = True
     except ImportError:
         pass
-    log(f"deterministic mode on {device.type}: deterministic algorithms, cuDNN without benchmarking, "
-        f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}, flash-attn's deterministic backward")
+    log(f"deterministic mode on {device.type}: deterministic algorithms (an op without one warns), cuDNN without "
+        f"benchmarking, CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}; with flash-attn its "
+        "deterministic backward")
 
 
 def compile_model(model: Any, forward: Any, mode: str, scope: str, log: Log) -> CompileFallback:

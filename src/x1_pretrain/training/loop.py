@@ -139,19 +139,34 @@ def param_norm(model: nn.Module) -> float:
         return float(torch.linalg.vector_norm(torch.stack(norms)))
 
 
+@contextlib.contextmanager
+def eager_modules(model: nn.Module) -> Iterator[None]:
+    """Submodules compiled in place (``Module.compile``, train.compile_scope blocks) run their plain forward
+    inside the block, and are compiled again after it."""
+    stash = [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, "_compiled_call_impl", None)]
+    for m, _ in stash:
+        m._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        for m, compiled in stash:
+            m._compiled_call_impl = compiled
+
+
 @torch.no_grad()
 def evaluate(run: Run) -> float:
-    """Mean loss over the fixed val windows (the same windows at every call), with the plain module: a
-    compiled model's first graph must be training's, not an inference-mode eval (pytorch/pytorch#135892),
-    and no rank's eval may enter DDP's hooks."""
+    """Mean loss over the fixed val windows (the same windows at every call), with the plain, eager module: a
+    compiled model's first graph must be training's, not an inference-mode eval (pytorch/pytorch#135892), an
+    eval must never trigger (or fail in) a compilation, and no rank's eval may enter DDP's hooks."""
     model = run.raw_model
     model.eval()
     total, count = 0.0, 0
-    for x, y in run.val_batches:
-        with run.autocast:
-            loss = model(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
-        total += float(loss) * x.shape[0]
-        count += x.shape[0]
+    with eager_modules(model):
+        for x, y in run.val_batches:
+            with run.autocast:
+                loss = model(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
+            total += float(loss) * x.shape[0]
+            count += x.shape[0]
     model.train()
     return total / max(count, 1)
 

@@ -45,7 +45,12 @@ def check_compatible(found: ck.Found, cfg: C.Config, data: Any, allow: bool, log
     """Differences between the checkpoint's run and this one; raises unless --allow-config-change."""
     saved = found.state
     changes: list[str] = []
+    saved_keys = C.flatten(saved.get("config", {}))
     for key, old, new in C.diff(saved.get("config", {}), cfg.to_dict()):
+        if key not in saved_keys:  # a key x1 gained after the checkpoint: what the run did without it
+            old = C.BEFORE_KEY_EXISTED.get(key, C.DEFAULTS.get(key))
+            if old == new:
+                continue
         if key in C.OPERATIONAL_KEYS:
             log(f"note: {key} changed from {old!r} to {new!r} since the checkpoint (operational; allowed)")
         else:
@@ -63,6 +68,21 @@ def check_compatible(found: ck.Found, cfg: C.Config, data: Any, allow: bool, log
     return changes
 
 
+def _check_optimizer_shapes(optimizer: Any, where: Any) -> None:
+    """load_state_dict does not compare the moments' shapes with the parameters'; a mismatch would crash at the
+    first optimizer step, after the compile. A changed model.vocab_pad_multiple or model.fused_projections
+    changes them while the weights still load (they are saved in Llama's layout)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for name, t in optimizer.state.get(p, {}).items():
+                if hasattr(t, "shape") and t.dim() > 0 and t.shape != p.shape:
+                    raise X1Error(f"{where}: the optimizer's {name} has shape {tuple(t.shape)} where this model's "
+                                  f"parameter has {tuple(p.shape)}: model.vocab_pad_multiple or "
+                                  "model.fused_projections differ from the run that wrote it; resume with that "
+                                  "run's values (a checkpoint from before vocabulary padding: --set "
+                                  "model.vocab_pad_multiple=1)")
+
+
 def restore(found: ck.Found, model: Any, optimizer: Any, device: Any) -> LoopState:
     """Load weights, optimizer state and RNG streams; returns the loop's counters at the checkpoint."""
     ck.load_model_state(model, {k: v.to(device) for k, v in ck.load_weights(found.path).items()}, found.path)
@@ -71,6 +91,7 @@ def restore(found: ck.Found, model: Any, optimizer: Any, device: Any) -> LoopSta
     except ValueError as e:
         raise X1Error(f"{found.path}: the optimizer state does not fit this run's parameter groups ({e}); "
                       "optim.decay_embedding or the model changed since the checkpoint") from None
+    _check_optimizer_shapes(optimizer, found.path)
     ck.restore_rng(found.state["rng"])
     s = found.state
     return LoopState(step=s["step"], tokens_seen=s["tokens_seen"], train_time_s=s["train_time_s"],
