@@ -397,6 +397,18 @@ def time_micro_steps(forward: Any, optimizer: Any, cfg: Any, device: Any, measur
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else math.nan}
 
 
+def undo_deterministic() -> None:
+    """What make_deterministic turned on, off again for the next variant (the cuBLAS workspace stays)."""
+    import torch
+
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = False
+    with contextlib.suppress(ImportError):
+        import torch._inductor.config as inductor_config
+        if hasattr(inductor_config, "deterministic"):
+            inductor_config.deterministic = False
+
+
 def grads_repeat(forward: Any, model: Any, cfg: Any, device: Any) -> bool:
     """Two backward passes of the same weights on the same batches: bitwise the same gradients?"""
     ids = batches(cfg, device, 2, seed=3)
@@ -443,8 +455,7 @@ def phase_ab(args: argparse.Namespace, device: Any, out: Partial, compiled: bool
         if name in REPEAT_CHECK:
             row["repeatable"] = grads_repeat(forward, model, cfg, device)
         row["compile_failed"] = getattr(forward, "failed", None)    # a fallback measures eager, not compiled
-        torch.use_deterministic_algorithms(False)
-        torch.backends.cudnn.deterministic = False
+        undo_deterministic()
         base = rows[0] if rows else row
         row["speed_vs_baseline"] = row["tokens_per_s"] / base["tokens_per_s"]
         row["loss_diff_vs_baseline"] = abs(row["first_loss"] - base["first_loss"])
