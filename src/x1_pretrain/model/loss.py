@@ -38,8 +38,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(device_type=h.device.type, enabled=False):
             hc, wc = h.to(dtype), weight.to(dtype)
             total = torch.zeros((), dtype=torch.float32, device=h.device)
-            dh = torch.empty(hc.shape, dtype=h.dtype, device=h.device) if want_grad else None
-            dw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_grad else None
+            dh = torch.empty(hc.shape if want_grad else (0,), dtype=h.dtype, device=h.device)
+            dw = torch.zeros(weight.shape if want_grad else (0,), dtype=torch.float32, device=weight.device)
             for start in range(0, n_tokens, chunk):
                 stop = min(start + chunk, n_tokens)
                 hs, ys = hc[start:stop], targets[start:stop]
@@ -65,7 +65,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return total / n_tokens
 
     @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad_loss: torch.Tensor):
         dh, dw = ctx.saved_tensors
         return dh * grad_loss.to(dh.dtype), dw * grad_loss.to(dw.dtype), None, None
 

@@ -258,7 +258,7 @@ class VocabRows:
     entry has the ``vocab`` real rows only; loading one pads it with zero rows again."""
 
     vocab: int
-    weight: nn.Parameter
+    weight: torch.Tensor
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         w = self.weight[:self.vocab]
