@@ -87,16 +87,17 @@ def _noop(_: str) -> None:
 
 
 # --- models and steps ----------------------------------------------------------------------------------
+# The CPU smoke's shapes (same code, small numbers), as --set overrides for both the in-process phases and the
+# trainer CLI
+TINY_SETS = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=176",
+             "model.seq_len=32", "train.micro_batch_size=2", "train.grad_accum_steps=2", "train.batch_size=4",
+             "train.precision=fp32", "train.compile=false"]
+
+
 def load_config(path: Path, tiny: bool, sets: list[str] | None = None) -> Any:
     from x1_pretrain.core import config as C
 
-    cfg = C.load(path, sets=sets or [])
-    if tiny:  # the CPU smoke: same code, small numbers
-        small = dataclasses.replace(cfg.model, n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=176, seq_len=32)
-        train = dataclasses.replace(cfg.train, micro_batch_size=2, grad_accum_steps=2, batch_size=4,
-                                    precision="fp32", compile=False)
-        cfg = dataclasses.replace(cfg, model=small, train=train)
-    return cfg
+    return C.load(path, sets=[*(sets or []), *(TINY_SETS if tiny else [])])
 
 
 def small_config(cfg: Any, cuda: bool) -> Any:
@@ -164,11 +165,11 @@ class Partial:
         self.path, self.data = path, dict(data)
 
     def put(self, key: str, value: Any) -> None:
+        from x1_pretrain.core.fileio import write_text_atomic
+
         self.data[key] = value
         if self.path is not None:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.data, default=str))
-            os.replace(tmp, self.path)
+            write_text_atomic(self.path, json.dumps(self.data, default=str))
 
 
 def phase_grads(cfg: Any, device: Any, out: Partial) -> None:
@@ -316,11 +317,7 @@ def read_mlflow_file_store(store: Path) -> tuple[dict[str, float], dict[str, str
 def trainer_sets(smoke: bool) -> list[str]:
     """--set overrides of the trainer phase: no eval or checkpoint in the timed steps; the smoke's tiny shapes."""
     sets = ["train.eval_every=100000", "train.eval_batches=2", "train.ckpt_every=100000", "train.log_every=5"]
-    if smoke:
-        sets += ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=176",
-                 "model.seq_len=32", "train.micro_batch_size=2", "train.grad_accum_steps=2", "train.batch_size=4",
-                 "train.precision=fp32", "train.compile=false"]
-    return sets
+    return sets + TINY_SETS if smoke else sets
 
 
 def phase_trainer(args: argparse.Namespace, device: Any, out: Partial) -> None:
@@ -397,18 +394,6 @@ def time_micro_steps(forward: Any, optimizer: Any, cfg: Any, device: Any, measur
             "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else math.nan}
 
 
-def undo_deterministic() -> None:
-    """What make_deterministic turned on, off again for the next variant (the cuBLAS workspace stays)."""
-    import torch
-
-    torch.use_deterministic_algorithms(False)
-    torch.backends.cudnn.deterministic = False
-    with contextlib.suppress(ImportError):
-        import torch._inductor.config as inductor_config
-        if hasattr(inductor_config, "deterministic"):
-            inductor_config.deterministic = False
-
-
 def grads_repeat(forward: Any, model: Any, cfg: Any, device: Any) -> bool:
     """Two backward passes of the same weights on the same batches: bitwise the same gradients?"""
     ids = batches(cfg, device, 2, seed=3)
@@ -426,7 +411,7 @@ def phase_ab(args: argparse.Namespace, device: Any, out: Partial, compiled: bool
     variant that would not finish within the phase's budget (its compile measured on the baseline) is skipped."""
     import torch
 
-    from x1_pretrain.training.device import compile_model, make_deterministic
+    from x1_pretrain.training.device import compile_model, make_deterministic, undo_deterministic
 
     tiny = device.type != "cuda"
     started = time.monotonic()
@@ -764,10 +749,10 @@ def write_outputs(args: argparse.Namespace, info: dict[str, Any], results: list[
 
 
 def _write(out: Path, text: str) -> None:
+    from x1_pretrain.core.fileio import write_text_atomic
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, out)
+    write_text_atomic(out, text)
 
 
 def child(args: argparse.Namespace) -> int:

@@ -171,7 +171,6 @@ class FusedLinear(nn.Linear):
             destination[f"{parent}{name}.weight"] = part if keep_vars else part.detach()
 
 
-
 class FusedParent(nn.Module):
     """A module that may hold a ``fused`` :class:`FusedLinear`: loading turns the parts' Llama names into the
     fused weight before the strict key check of this module sees them."""

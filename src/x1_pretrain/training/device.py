@@ -3,9 +3,10 @@ deterministic mode, and torch.compile."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..core.errors import X1Error
@@ -167,15 +168,45 @@ def make_deterministic(device: Any, log: Log) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
-    try:
-        import torch._inductor.config as inductor_config
-        if hasattr(inductor_config, "deterministic"):   # newer torch: no autotuning choices that vary between runs
-            inductor_config.deterministic = True
-    except ImportError:
-        pass
+    _inductor_deterministic(True)
     log(f"deterministic mode on {device.type}: deterministic algorithms (an op without one warns), cuDNN without "
         f"benchmarking, CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}; with flash-attn its "
         "deterministic backward")
+
+
+def undo_deterministic() -> None:
+    """make_deterministic's switches off again (the cuBLAS workspace setting stays: it is read once)."""
+    import torch
+
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cudnn.deterministic = False
+    _inductor_deterministic(False)
+
+
+def _inductor_deterministic(on: bool) -> None:
+    with contextlib.suppress(ImportError):
+        import torch._inductor.config as inductor_config
+        if hasattr(inductor_config, "deterministic"):   # newer torch: no autotuning choices that vary between runs
+            inductor_config.deterministic = on
+
+
+def compiled_in_place(model: Any) -> list[Any]:
+    """The submodules ``Module.compile`` compiled in place (compile_scope blocks): their ``_compiled_call_impl``
+    is the compiled forward; None is the eager one."""
+    return [m for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None]
+
+
+@contextlib.contextmanager
+def eager_modules(model: Any) -> Iterator[None]:
+    """Submodules compiled in place run their plain forward inside the block, and are compiled again after it."""
+    stash = [(m, m._compiled_call_impl) for m in compiled_in_place(model)]
+    for m, _ in stash:
+        m._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        for m, compiled in stash:
+            m._compiled_call_impl = compiled
 
 
 def compile_model(model: Any, forward: Any, mode: str, scope: str, log: Log) -> CompileFallback:
@@ -186,13 +217,12 @@ def compile_model(model: Any, forward: Any, mode: str, scope: str, log: Log) -> 
     import torch
 
     if scope == "blocks":
-        blocks = list(model.model.layers)
-        for block in blocks:
+        for block in model.model.layers:
             block.compile(mode=mode, fullgraph=True)
 
         def uncompile() -> None:
-            for block in blocks:
-                block._compiled_call_impl = None   # what Module.compile set: back to the eager forward
+            for m in compiled_in_place(model):
+                m._compiled_call_impl = None
 
         return CompileFallback(forward, forward, log, undo=uncompile)
     return CompileFallback(torch.compile(forward, mode=mode), forward, log)

@@ -21,6 +21,7 @@ from torch import nn
 from ..core.config import Config
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLOW
 from ..data.tokens import Batch
+from .device import eager_modules
 from .distributed import World, agree_max, mean_over_ranks
 from .schedule import Horizon, lr_at, planned, retarget
 
@@ -137,20 +138,6 @@ def param_norm(model: nn.Module) -> float:
     with torch.no_grad():
         norms = [p.detach().float().norm() for p in model.parameters()]
         return float(torch.linalg.vector_norm(torch.stack(norms)))
-
-
-@contextlib.contextmanager
-def eager_modules(model: nn.Module) -> Iterator[None]:
-    """Submodules compiled in place (``Module.compile``, train.compile_scope blocks) run their plain forward
-    inside the block, and are compiled again after it."""
-    stash = [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, "_compiled_call_impl", None)]
-    for m, _ in stash:
-        m._compiled_call_impl = None
-    try:
-        yield
-    finally:
-        for m, compiled in stash:
-            m._compiled_call_impl = compiled
 
 
 @torch.no_grad()
