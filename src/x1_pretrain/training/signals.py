@@ -26,6 +26,7 @@ def install_signal_handlers(stop: Any) -> Callable[[], None]:
         if stop.requested is None:
             stop.requested = signal.Signals(signum).name
             stop.requested_at = time.monotonic()
+            _acknowledge(stop.requested)
 
     def on_usr1(_signum: int, _frame: Any) -> None:
         stop.checkpoint_now = True
@@ -41,6 +42,15 @@ def install_signal_handlers(stop: Any) -> Callable[[], None]:
             signal.signal(s, h)
 
     return restore
+
+
+def _acknowledge(name: str) -> None:
+    """Say at once that the stop was heard (the step may run on for a while before the loop reports it). A raw
+    write on the descriptor: a handler that wrote through sys.stdout could land inside the main thread's own
+    write to it and fail as a reentrant call."""
+    more = "; a second Ctrl-C aborts without a checkpoint (exit 130)" if name == "SIGINT" else ""
+    with contextlib.suppress(OSError, ValueError):
+        os.write(1, f"[x1] {name} heard: finishing the current step, then a checkpoint{more}\n".encode())
 
 
 WATCHDOG_PID_ENV = "X1_WATCHDOG_PID"   # set by the watchdog for the trainer it starts
