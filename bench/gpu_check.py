@@ -323,13 +323,14 @@ def trainer_sets(smoke: bool) -> list[str]:
 def phase_trainer(args: argparse.Namespace, device: Any, out: Partial) -> None:
     """The real trainer CLI on synthetic tokens; what the paid run will see, from its own MLflow metrics."""
     smoke = device.type != "cuda"
-    steps = 6 if smoke else args.trainer_steps
+    steps = args.trainer_steps or (6 if smoke else 25)
     sets = trainer_sets(smoke)
     cfg = load_config(args.config, tiny=False, sets=sets)
     # under the orchestrator's scratch dir (X1_GPU_CHECK_TMP), which it removes even when this phase is killed
     work = Path(tempfile.mkdtemp(prefix="x1-gpu-check-trainer-", dir=os.environ.get("X1_GPU_CHECK_TMP")))
     try:
-        synthetic_data(work / "data", cfg, max((steps + 1) * cfg.tokens_per_step() * 2, 1 << 20))
+        # two passes' worth of ids, within [1 Mi, 64 Mi] tokens: a longer run wraps around (synthetic anyway)
+        synthetic_data(work / "data", cfg, min(max((steps + 1) * cfg.tokens_per_step() * 2, 1 << 20), 1 << 26))
         cmd = [sys.executable, "-m", "x1_pretrain.train", "--config", str(args.config), "--data-dir",
                str(work / "data"), "--ckpt-dir", str(work / "ckpt"), "--mlflow-uri", (work / "mlruns").as_uri(),
                "--total-steps", str(steps)] + [a for s in sets for a in ("--set", s)]
@@ -772,7 +773,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=500.0, help="wall-clock budget for all phases")
     p.add_argument("--max-steps", type=int, default=48, help="timed micro-steps per A/B variant at most")
     p.add_argument("--measure-s", type=float, default=3.0, help="timed seconds per A/B variant at most")
-    p.add_argument("--trainer-steps", type=int, default=25, help="optimizer steps of the real trainer phase")
+    p.add_argument("--trainer-steps", type=int, default=0,
+                   help="optimizer steps of the real trainer phase (default 25 on a GPU, 6 in the CPU smoke)")
     p.add_argument("--phase", default="all", help=argparse.SUPPRESS)
     p.add_argument("--phase-budget-s", type=float, default=60.0, help=argparse.SUPPRESS)
     p.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)

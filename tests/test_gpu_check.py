@@ -73,13 +73,16 @@ def test_a_phase_past_its_deadline_is_killed_and_keeps_what_it_measured(tmp_path
         import gpu_check
     finally:
         sys.path.remove(str(BENCH))
-    args = argparse.Namespace(config=gpu_check.LAB_CONFIG, max_steps=4, measure_s=1.0, trainer_steps=6)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    # 5,000 tiny steps (over 50 ms each here) cannot end within the deadline, and 30 s leave time for the imports
+    # and the synthetic data (about 1.5 s idle) even on a loaded machine: the kill lands while the trainer runs
+    args = argparse.Namespace(config=gpu_check.LAB_CONFIG, max_steps=4, measure_s=1.0, trainer_steps=5_000)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "X1_GPU_CHECK_TMP": str(tmp_path)}   # the killed phase's scratch
     log = tmp_path / "child.log"
     log.write_text("")
-    slow = gpu_check.run_child("trainer", args, timeout_s=4.0, log=log, env=env)   # imports alone take longer
-    assert slow.status.startswith("timed out after 4 s") and slow.wall_s < 30
+    slow = gpu_check.run_child("trainer", args, timeout_s=30.0, log=log, env=env)
+    assert slow.status.startswith("timed out after 30 s") and slow.wall_s < 60
     assert "-m x1_pretrain.train" in slow.data.get("command", "")                  # written before the trainer ran
+    assert "--total-steps 5000" in slow.data["command"]
     done = gpu_check.run_child("graph-breaks", args, timeout_s=120.0, log=log, env=env)
     assert done.status == "ok" and done.data["rows"][0]["breaks"] == 0
 

@@ -96,6 +96,37 @@ def test_a_boundary_in_time_cancels_the_timer_and_checkpoints():
         assert control.after_step(Run, State, {}) is None and control.request is None
 
 
+def test_a_fit_check_late_in_a_step_counts_what_that_step_has_already_cost(tmp_path):
+    """--fit-to-budget, near the end of the money: $0.60 of reserve plus less than half a $0.10 step is left.
+    A check 9 s into a 10 s step knows that 0.9 of the step in flight is already in the spend, so that step
+    still fits and becomes the end (exit 0 at min_lr). Seen under load before the fix: the same money at the end
+    of a step read as "not even one more step", and the run was cut one step before its decay ended."""
+    from x1_pretrain.budget.money import Lines
+    from x1_pretrain.core.config import OptimConfig
+    from x1_pretrain.training.budget import FitContext
+
+    optim = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, schedule="wsd", decay_fraction=0.5)
+
+    def refit_after(in_flight_s: float, d: Path) -> BudgetControl:
+        d.mkdir()
+        budget = d / "budget.json"
+        budget_json(budget, 35.0 - 0.60 - 0.05, rate=36.0)      # $0.01 a second, so a 10 s step is $0.10
+        limits = Limits(35.0, 30.0, lines=Lines(0.0, 0.0, 0.0), reserve_min=1.0)
+        setup = BudgetSetup(BudgetOptions(35.0, str(budget)), limits, Alerts())
+        control = BudgetControl(setup, d, lambda m: None, None, fit=FitContext(400, optim, None))
+        control.monitor.note_step(65, 400, 0.0)
+        control.monitor.steps_per_hour = 360.0                  # measured: 10 s a step
+        control.monitor._last_step_at -= in_flight_s            # the step after 65 has run this long
+        control.on_verdict(control.monitor.check())
+        return control
+
+    late = refit_after(9.0, tmp_path / "late")
+    assert late.request is None and late.proposed_end == 66     # the step in flight is the last, and it fits
+    early = refit_after(1.0, tmp_path / "early")                # the same money with 9 s of the step still to pay
+    assert early.request is not None and "not even one more step fits" in early.request[1]
+    assert early.request[0] == 3
+
+
 def test_stop_messages_say_what_to_do_next():
     s, b = stop_message(3, "budget: projected $36", 35.0, 30.5, "/ckpt/step_0001000")
     assert "exit 3" in s and "$30.50 of $35.00" in s and "/ckpt/step_0001000" in b and "export_run" in b
@@ -126,8 +157,9 @@ def test_spend_over_the_cap_during_a_cold_compile_exits_4_within_seconds(demo_da
     took = time.monotonic() - crossed
     text = "".join(out)
     assert proc.returncode == 4, text[-3000:]
-    # 1-3 s on an idle machine; 10.7 s was seen with the other test worker compiling on the same 2 cores
-    assert took < 25.0, f"{took:.1f} s from the crossing to the exit"
+    # 1-3 s on an idle machine; 10.7 s was seen with the other test worker compiling on the same 2 cores. The
+    # bound is loose (a loaded compat lane is slower still): the exit mid-compile is what the next line proves.
+    assert took < 60.0, f"{took:.1f} s from the crossing to the exit"
     assert not (ckpt / "progress.json").exists(), "the first step never finished: the exit came mid-compile"
     assert "spent $36" in text and ck.read_exit_status(ckpt)["exit_code"] == 4
 

@@ -41,7 +41,8 @@ def test_a_checkpoint_that_fails_is_reported_at_once_and_training_goes_on(demo_d
     env = {**os.environ, "X1_SLACK_WEBHOOK_URL": hook.base + "/hook"}
     proc = start(cmd, log, env)
     try:
-        wait_for(lambda: ck.read_latest(ckpt) == "step_0000010" and progress_step(ckpt) >= 12, proc=proc,
+        # step_10 or a later one (a loaded machine may poll only after step_15 landed): the window never closes
+        wait_for(lambda: (ck.read_latest(ckpt) or "") >= "step_0000010" and progress_step(ckpt) >= 12, proc=proc,
                  timeout=180)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
@@ -56,9 +57,10 @@ def test_a_checkpoint_that_fails_is_reported_at_once_and_training_goes_on(demo_d
     # reported when it happened (the async write takes well under 5 steps here), not at the next checkpoint
     assert text.index(line) < text.index(f"step {10:>7}/")
     assert leftovers(ckpt) == [] and not (ckpt / "step_0000005").exists()
-    assert ck.verify(ckpt / "step_0000010")[0]["step"] == 10
+    assert "checkpoint step_0000010 (periodic):" in text                  # the next one, on schedule
     stop = ck.read_latest(ckpt)
     assert int(stop.split("_")[1]) >= 12 and ck.read_exit_status(ckpt)["exit_code"] == 75
+    assert ck.verify(ckpt / stop)[1] is None
     _, runs = run_info(ckpt)
     tags = runs[0].data.tags
     assert tags["checkpoint_failures"] == "1" and "step_0000005 (periodic)" in tags["checkpoint_failed"]

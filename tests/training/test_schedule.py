@@ -74,10 +74,12 @@ def test_a_started_decay_is_never_restarted_nor_stretched_and_a_shorter_end_comp
 
 def test_a_slowdown_or_preemption_gap_is_just_fewer_steps_that_fit():
     # the same money at a slower step time, or after a gap billed while nothing trained: fewer steps fit
-    assert fitted_end(500, 300, 1000) == 800 and fitted_end(500, 120, 1000) == 620
+    assert fitted_end(500, 300, 1000, slack=0) == 800 and fitted_end(500, 120, 1000, slack=0) == 620
     assert fitted_end(500, 10_000, 1000) == 1000              # never past --total-steps
     assert fitted_end(500, 1, 1000) == 501                    # one step: an immediate, shortest decay
     assert fitted_end(500, 0, 1000) is None                   # nothing fits: the lab's checkpoint-and-exit
+    # the end is planned a step short of the money; the stop still waits until not one step fits
+    assert fitted_end(500, 300, 1000) == 799 and fitted_end(500, 2, 1000) == 501
 
 
 def test_an_immediate_decay_when_the_money_runs_out_during_the_stable_phase():

@@ -59,11 +59,15 @@ class Money:
 
 
 def steps_that_fit(money: Money, step_s: float, max_training_hours: float | None = None,
-                   buffer: bool = True) -> int:
-    """Optimizer steps of ``step_s`` seconds that fit in the money (and in ``max_training_hours``)."""
+                   buffer: bool = True, paid_s: float = 0.0) -> int:
+    """Optimizer steps of ``step_s`` seconds that fit in the money (and in ``max_training_hours``).
+
+    ``paid_s``: how long the step in flight has run (at most ``step_s``). Those seconds are already in the
+    spend, and they count toward that step: a check late in a step must not find one step fewer than a check
+    at its start, or the end moves in by a step every step and the last check stops the run short."""
     hours = money.training_hours_that_fit(buffer)
     if max_training_hours is not None:
         hours = min(hours, max(max_training_hours, 0.0))
     if not math.isfinite(hours):
         raise ValueError("no limit: the rate is not positive and no time window is given")
-    return math.floor(hours * 3600 / step_s + 1e-9)
+    return math.floor((hours * 3600 + min(max(paid_s, 0.0), step_s)) / step_s + 1e-9)

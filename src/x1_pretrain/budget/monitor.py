@@ -53,6 +53,7 @@ class BudgetMonitor:
         self._warm: tuple[int, float] | None = None  # (step, time) after the first steps (compile, warm-up)
         self.steps_done, self.total_steps, self.checkpoint_s = 0, 0, 0.0
         self.steps_per_hour: float | None = None
+        self._last_step_at: float | None = None   # monotonic time the last step ended
         if ledger is not None:
             ledger.event(fx.now(), "process_start", pid=os.getpid())
 
@@ -71,6 +72,7 @@ class BudgetMonitor:
         self._seen += 1
         now = self._fx.monotonic()
         self.steps_done, self.total_steps, self.checkpoint_s = steps_done, total_steps, checkpoint_s
+        self._last_step_at = now
         if self._warm is None:
             if self._seen >= 3:
                 self._warm = (steps_done, now)
@@ -78,6 +80,10 @@ class BudgetMonitor:
         done, hours = steps_done - self._warm[0], (now - self._warm[1]) / 3600
         if done >= 2 and hours > 0:
             self.steps_per_hour = done / hours
+
+    def in_flight_s(self) -> float:
+        """How long the step after ``steps_done`` has been running (0 before the first step ends)."""
+        return 0.0 if self._last_step_at is None else max(self._fx.monotonic() - self._last_step_at, 0.0)
 
     def check(self) -> Decision:
         """One check now (thread-safe: the watcher thread and the loop may both call it)."""

@@ -157,7 +157,7 @@ class BudgetControl:
         if fit.max_hours is not None:
             used_h = (fit.wall_before_s + time.monotonic() - fit.started) / 3600
             hours_left = fit.max_hours - used_h - money.reserve_min / 60
-        n = steps_that_fit(money, step_s, hours_left, buffer=False)
+        n = steps_that_fit(money, step_s, hours_left, buffer=False, paid_s=m.in_flight_s())
         end = fitted_end(m.steps_done, n, fit.total_steps)
         if end is None:
             left = max(self.setup.limits.cap_usd - decision.spent_usd, 0.0)

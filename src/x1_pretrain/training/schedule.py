@@ -72,11 +72,20 @@ def retarget(h: Horizon, next_step: int, end: int, optim: OptimConfig) -> Horizo
     return Horizon(end, h.decay_start, next_step, h.progress(next_step - 1))
 
 
-def fitted_end(next_step: int, steps_that_fit: int, upper_bound: int) -> int | None:
+FIT_SLACK_STEPS = 1
+
+
+def fitted_end(next_step: int, steps_that_fit: int, upper_bound: int, slack: int = FIT_SLACK_STEPS) -> int | None:
     """The run's end when ``steps_that_fit`` more steps fit (never past ``upper_bound``), or None: nothing
-    fits, not even one step of decay."""
-    end = min(upper_bound, next_step + max(steps_that_fit, 0))
-    return end if end > next_step else None
+    fits, not even one step of decay.
+
+    The end is planned ``slack`` steps short of what the money pays for, while the stop still comes only when
+    not one step fits: the spend's jitter (a reading that lands late, a slow step) then moves the end instead of
+    cutting the run a step before its decay reaches min_lr. It costs ``slack`` steps of money (in the lab, a
+    fraction of a cent)."""
+    if steps_that_fit < 1:
+        return None
+    return min(upper_bound, next_step + max(steps_that_fit - slack, 1))
 
 
 def _shape(progress: float, shape: str) -> float:
