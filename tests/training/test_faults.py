@@ -110,7 +110,9 @@ def test_a_sigterm_ends_within_the_grace_whatever_the_tracking_server_does(demo_
         silent.close()
     text = log.read_text()
     assert code == 75, text[-3000:]
-    assert took < grace + 2.0, f"{took:.1f} s from SIGTERM to exit (grace {grace:g} s)"
+    # + the interpreter's own exit (torch, MLflow) after the deadline guard stood down, slower on a loaded machine;
+    # the default grace of 25 s keeps 5 s of a cloud's 30 s notice for it
+    assert took < grace + 4.0, f"{took:.1f} s from SIGTERM to exit (grace {grace:g} s)"
     stop = ck.read_latest(ckpt)
     assert stop is not None and ck.verify(ckpt / stop)[0]["step"] >= 8
     spilled = list(ckpt.glob("mlflow-undelivered-*.jsonl"))
