@@ -83,7 +83,7 @@ class BudgetMonitor:
 
     def in_flight_s(self) -> float:
         """How long the step after ``steps_done`` has been running (0 before the first step ends)."""
-        return 0.0 if self._last_step_at is None else max(self._fx.monotonic() - self._last_step_at, 0.0)
+        return 0.0 if self._last_step_at is None else self._fx.monotonic() - self._last_step_at
 
     def check(self) -> Decision:
         """One check now (thread-safe: the watcher thread and the loop may both call it)."""

@@ -49,7 +49,7 @@ def _acknowledge(name: str) -> None:
     write on the descriptor: a handler that wrote through sys.stdout could land inside the main thread's own
     write to it and fail as a reentrant call."""
     more = "; a second Ctrl-C aborts without a checkpoint (exit 130)" if name == "SIGINT" else ""
-    with contextlib.suppress(OSError, ValueError):
+    with contextlib.suppress(OSError):   # a closed terminal (SIGHUP) or a gone reader
         os.write(1, f"[x1] {name} heard: finishing the current step, then a checkpoint{more}\n".encode())
 
 
