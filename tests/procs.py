@@ -65,3 +65,46 @@ def run_info(ckpt: Path):
     exp = client.get_experiment_by_name("x1-pretraining")
     runs = client.search_runs([exp.experiment_id])
     return client, runs
+
+
+class Terminal:
+    """A command run on a real pseudo-terminal as its controlling terminal (the process leads a new session, as a
+    login shell's job would). ``close`` closes the terminal as a closed SSH session does: the kernel sends SIGHUP
+    to the session's leader and every later write to the terminal fails with EIO."""
+
+    _ADOPT = ("import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+              "os.execvp(sys.argv[1], sys.argv[1:])")
+
+    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
+        import os
+        import pty
+        import threading
+
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen([sys.executable, "-c", self._ADOPT, *cmd], cwd=REPO, env=env, stdin=slave,
+                                     stdout=slave, stderr=slave, close_fds=True)
+        os.close(slave)
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        import os
+
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:   # the terminal closed (EIO once every slave side is gone)
+                return
+            if not data:
+                return
+            self._chunks.append(data)
+
+    def output(self) -> str:
+        return b"".join(self._chunks).decode(errors="replace")
+
+    def close(self) -> None:
+        import os
+
+        os.close(self.master)
+        self._reader.join(timeout=10)

@@ -2,7 +2,8 @@
 
 Exit codes: 0 finished · 2 bad usage/config/data · 3 budget stop with checkpoint · 4 budget stop
 without checkpoint · 5 diverged (NaN/Inf) · 6 throughput below --min-tokens-per-s · 75 interrupted
-(SIGTERM/SIGINT) after a clean checkpoint · 1 anything unexpected. ``--help`` lists every flag.
+(SIGTERM/SIGINT/SIGHUP) after a clean checkpoint · 1 anything unexpected. A closed terminal stops the run like
+SIGTERM (checkpoint, exit 75); output that can no longer reach it is dropped. ``--help`` lists every flag.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .core.console import guarded_console
 from .training.checkpoint import record_exit_status
 from .training.options import build_parser, options_from
 from .training.session import main_guarded
@@ -17,7 +19,8 @@ from .training.session import main_guarded
 
 def main(argv: list[str] | None = None) -> int:
     opts = options_from(build_parser().parse_args(argv))
-    code, reason = main_guarded(opts)
+    with guarded_console():   # a closed terminal drops output (or sends it to $X1_LOG_FILE), never the run
+        code, reason = main_guarded(opts)
     if os.environ.get("RANK", "0") == "0" and not opts.budget.dry_run:
         try:  # for the watchdog: torchrun reports any failed worker as 1
             record_exit_status(opts.ckpt_dir, code, reason)

@@ -8,21 +8,28 @@ written: from the last complete one), 1 (unexpected failure) or death by a signa
 ``--resume-from-latest`` when the command lacks it, after a backoff that doubles per consecutive failure
 (capped at ``--max-backoff-s``). Never relaunches after 0 (finished), 2 (bad usage), 3 or 4 (budget stops), 5
 (diverged), 6 (throughput floor) or 130 (aborted by a second Ctrl-C), nor when two consecutive starts ended at
-the same step with no progress (a crash loop: it exits with the trainer's code). SIGTERM/SIGINT/SIGHUP (a
-closed terminal) sent to the watchdog reach the trainer as SIGTERM/SIGINT, which checkpoints and exits 75; the
-watchdog then exits without relaunching, and a trainer whose watchdog is gone stops the same way (no orphan).
+the same step with no new checkpoint between them (a crash loop: it exits with the trainer's code).
+SIGTERM/SIGINT/SIGHUP (a closed terminal) sent to the watchdog reach the trainer as SIGTERM/SIGINT, which
+checkpoints and exits 75; the watchdog then exits without relaunching, and a trainer whose watchdog is gone
+stops the same way (no orphan).
 Each restart is logged with its reason, exit code, downtime, steps lost since the last checkpoint and relaunch
 latency (exit → new trainer's first step).
+
+A closed terminal never loses the run: output that cannot be written goes to ``--log-file`` (else nowhere).
+``--detach --log-file F``: the watchdog runs in the background in its own session, all output appended to F, and
+prints the pid and how to follow and stop it: closing the terminal does nothing at all. An ending that leaves
+nothing running (a crash loop, ``--max-restarts``, exit 0, 2, 5, 6, a stop by signal) alerts with the hourly rate.
 
 Budget, second line: with a cap (``--budget-cap-usd`` and ``--budget-curr-cost-uri``, taken from the train
 command unless given here) the watchdog reads the budget source and the trainer's cost ledger itself
 every ``--budget-poll-s``; when the spend is above the cap it ends the trainer's process group (SIGTERM,
 then SIGKILL after ``--budget-kill-grace-s``), alerts, and exits 4, even if the trainer is stopped or hung.
 
-``--terminate-on-exit lambda|runpod --export-to DIR``: after the trainer ends for good (exit 0, 3 or 4),
+``--terminate-on-exit lambda|runpod --export-to DIR``: after the trainer ends for good (exit 0, 3 or 4), or
+the watchdog gives up (a crash loop, ``--max-restarts``: the run then ends at its last complete checkpoint),
 export the run to DIR (export_run) and terminate the instance through the provider's API (the key in
-LAMBDA_API_KEY / RUNPOD_API_KEY); the answer is logged and alerted. A failed export after exit 0 or 3
-leaves the instance running and says so.
+LAMBDA_API_KEY / RUNPOD_API_KEY); the answer is logged and alerted. A failed export (except after exit 4)
+leaves the instance running and alerts loudly.
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ from pathlib import Path
 from .budget import alerts
 from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, ApiSource
 from .budget.terminate import EndOfBill
+from .core.console import guarded_console
 from .core.errors import EXIT_USAGE, X1Error
-from .training.watchdog import BudgetLine, Watchdog, WatchdogOptions, ckpt_dir_of, flag_of
+from .training.watchdog import BudgetLine, Watchdog, WatchdogOptions, ckpt_dir_of, flag_of, launch_detached
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-restarts", type=int, default=20, help="relaunches before giving up (default 20)")
     ap.add_argument("--backoff-s", type=float, default=5.0, help="wait before a relaunch (doubles per crash)")
     ap.add_argument("--max-backoff-s", type=float, default=60.0, help="the longest wait (default 60)")
-    ap.add_argument("--log-file", type=Path, default=None, help="append one JSON line per event here")
+    ap.add_argument("--events-file", type=Path, help="append one JSON line per event (restarts, latency, the end)")
+    ap.add_argument("--log-file", type=Path, default=None,
+                    help="the text log: with --detach all output goes here; without, the output goes here from the "
+                         "moment the terminal closes (a FILE.jsonl is still taken as --events-file, deprecated)")
+    ap.add_argument("--detach", action="store_true",
+                    help="run in the background in its own session, output appended to --log-file; prints the pid "
+                         "and how to follow and stop the run, so closing the terminal does nothing at all")
     b = ap.add_argument_group("budget, second line")
     b.add_argument("--budget-cap-usd", type=float, help="default: the train command's --budget-cap-usd")
     b.add_argument("--budget-curr-cost-uri", help="default: the train command's --budget-curr-cost-uri")
@@ -86,8 +100,18 @@ def options(args: argparse.Namespace, cmd: list[str]) -> WatchdogOptions:
         api = ApiSource(provider, args.provider_base_url or DEFAULT_BASE_URL[provider], key, key_env, 20.0, rid)
         uri = flag_of(cmd, "--mlflow-uri") or f"sqlite:///{ckpt_dir_of(cmd).resolve()}/mlflow.db"
         end = EndOfBill(api, args.export_to, uri)
-    return WatchdogOptions(args.max_restarts, args.backoff_s, args.max_backoff_s, args.log_file, line, end,
-                           alerts.from_env())
+    return WatchdogOptions(max_restarts=args.max_restarts, backoff_s=args.backoff_s,
+                           max_backoff_s=args.max_backoff_s, events_file=args.events_file, log_file=args.log_file,
+                           budget=line, end_of_bill=end, alerter=alerts.from_env(),
+                           mlflow_uri=flag_of(cmd, "--mlflow-uri"))
+
+
+def _old_log_file(args: argparse.Namespace) -> None:
+    """Before --events-file existed, --log-file held the JSON events: a FILE.jsonl still does, for one release."""
+    if args.log_file is not None and args.log_file.suffix == ".jsonl" and args.events_file is None:
+        print(f"[watchdog] deprecated: --log-file {args.log_file} (JSON lines) is now --events-file; --log-file is "
+              "the text log", file=sys.stderr)
+        args.events_file, args.log_file = args.log_file, None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,15 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         print("error: no train command after --", file=sys.stderr)
         return EXIT_USAGE
+    _old_log_file(args)   # deprecated spelling
     try:
+        if args.detach and args.log_file is None:
+            raise X1Error("--detach needs --log-file FILE: the run's output goes there")
         wd = Watchdog(cmd, options(args, cmd))
     except X1Error as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
-    try:
-        return wd.run()
-    finally:
-        wd.status_file.unlink(missing_ok=True)
+    if args.detach:
+        return launch_detached(argv, args.log_file)
+    with guarded_console(args.log_file):
+        try:
+            return wd.run()
+        finally:
+            wd.status_file.unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

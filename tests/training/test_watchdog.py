@@ -15,7 +15,7 @@ from x1_pretrain.training import checkpoint as ck
 from x1_pretrain.training import watchdog as W
 
 from ..conftest import REPO
-from ..procs import progress_step, run_info, start, train_cmd, wait_for
+from ..procs import Terminal, progress_step, run_info, start, train_cmd, wait_for
 from ..servers import JsonServer, wait_until
 
 
@@ -122,7 +122,7 @@ def test_sigterm_or_a_closed_terminal_to_the_watchdog_is_forwarded_and_not_relau
     proc.send_signal(sig)
     assert proc.wait(timeout=60) == 75
     out = (tmp_path / "out.log").read_text()
-    assert "forwarding to the trainer" in out and "not relaunching" in out
+    assert "forwarded to the trainer" in out and "not relaunching" in out
     assert (ckpt / "latest").exists()
 
 
@@ -136,6 +136,59 @@ def _gone(pid: int) -> bool:
         return open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_closed_terminal_stops_the_run_with_its_checkpoint_and_leaves_no_orphan(demo_data, tmp_path):
+    """watchdog -- train on a real terminal that closes mid-run (an SSH session that ends): the watchdog gets
+    SIGHUP and every later write to the terminal fails with EIO. The stop still reaches the trainer, which writes
+    its stop checkpoint and exits 75; the watchdog exits 75 without relaunching; nothing is left running."""
+    ckpt, events = tmp_path / "c", tmp_path / "events.jsonl"
+    term = Terminal([sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--events-file", str(events),
+                     "--", *train_cmd(demo_data, ckpt, 2000)])
+    try:
+        wait_for(lambda: progress_step(ckpt) >= 3, proc=term.proc)
+        trainer = json.loads((ckpt / "progress.json").read_text())["pid"]
+        assert "step" in term.output()   # the run was talking to the terminal
+        term.close()
+        assert term.proc.wait(timeout=120) == 75
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+    assert wait_until(lambda: _gone(trainer), timeout=30), "the trainer outlived the closed terminal"
+    status = ck.read_exit_status(ckpt)
+    assert status["exit_code"] == 75, status
+    assert status_step(ckpt) >= 3   # --ckpt-every 1000: the only checkpoint is the stop's
+    kinds = [json.loads(line)["event"] for line in events.read_text().splitlines()]
+    assert kinds[0] == "stopped" and "relaunched" not in kinds and "still_billing" in kinds
+
+
+def status_step(ckpt) -> int:
+    """The step of the newest complete checkpoint (its trainer_state.json)."""
+    latest = ck.read_latest(ckpt)
+    return json.loads((ckpt / latest / "trainer_state.json").read_text())["step"]
+
+
+def test_a_detached_run_does_not_notice_its_terminal_closing(demo_data, tmp_path):
+    """--detach --log-file: the command returns at once with the pid and how to follow and stop the run; the
+    terminal then closes and the run goes on to its end, its output in the log."""
+    ckpt, log = tmp_path / "c", tmp_path / "logs" / "run.log"
+    term = Terminal([sys.executable, "-m", "x1_pretrain.watchdog", "--detach", "--log-file", str(log), "--",
+                     *train_cmd(demo_data, ckpt, 12, log_every=4)])
+    assert term.proc.wait(timeout=60) == 0
+    wait_until(lambda: "kill -TERM" in term.output(), timeout=10)
+    said = term.output()
+    pid = int(said.split("as pid ")[1].split(",")[0])
+    assert f"tail -f {log}" in said and f"kill -TERM {pid}" in said
+    term.close()
+    assert wait_until(lambda: _gone(pid), timeout=240), "the detached watchdog did not finish"
+    assert ck.read_exit_status(ckpt)["exit_code"] == 0 and (ckpt / ck.FINAL_MODEL).is_file()
+    text = log.read_text()
+    assert "step      12/12" in text and "[watchdog] trainer exited with 0 (finished)" in text
+
+
+def test_detach_needs_a_log_file(capsys):
+    assert W_cli.main(["--detach", "--", "x"]) == 2
+    assert "--detach needs --log-file" in capsys.readouterr().err
 
 
 def test_the_trainer_does_not_outlive_its_watchdog(demo_data, tmp_path):

@@ -13,6 +13,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..budget import alerts
@@ -32,6 +33,7 @@ from ..core.errors import (
     CheckpointFailed,
     X1Error,
 )
+from ..core.names import EXPERIMENT
 from ..model import flops
 from . import checkpoint as ck
 from . import distributed
@@ -116,33 +118,35 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
     return None
 
 
-def _end_at_last_checkpoint(opts: TrainOptions, log: Log, why: str) -> None:
-    """A launch refused on a resumed run ends the run where it stands, like a budget stop mid-run: the final
-    files from the newest complete checkpoint, and its MLflow run FINISHED (so export_run works)."""
-    found = ck.find_latest_complete(opts.ckpt_dir, log) if opts.resume else None
+def end_at_last_checkpoint(ckpt_dir: Path, mlflow_uri: str | None, why: str, log: Log,
+                           experiment: str | None = None) -> bool:
+    """End a run where it stands, like a budget stop mid-run: the final files from the newest complete
+    checkpoint, and its MLflow run FINISHED with ``why`` (so export_run works). Used for a launch refused on a
+    resumed run and by the watchdog before it terminates a crash-looped run. False when there is no checkpoint."""
+    found = ck.find_latest_complete(ckpt_dir, log)
     if found is None:
-        return
-    lock = RunLock(opts.ckpt_dir, log)
+        return False
+    lock = RunLock(ckpt_dir, log)
     lock.acquire()
     try:
-        hashes = ck.write_final_files(opts.ckpt_dir, found.path)
-        log(f"the run ends at its last checkpoint {found.path.name}: final weights {opts.ckpt_dir / ck.FINAL_MODEL}")
+        hashes = ck.write_final_files(ckpt_dir, found.path)
+        log(f"the run ends at its last checkpoint {found.path.name}: final weights {ckpt_dir / ck.FINAL_MODEL}")
         run_id = found.state.get("mlflow_run_id")
         if not run_id:
-            return
+            return True
         from .tracking import MlflowTracker, resolve_uri
 
-        uri, _ = resolve_uri(opts.mlflow_uri, opts.ckpt_dir)
-        tracker = MlflowTracker(uri, None, "", run_id=str(run_id), experiment=opts.experiment)
-        tag_final(tracker, opts.ckpt_dir, found.path, hashes)
-        tracker.set_tags({"end_reason": why[:4000],
-                          "exit_code": EXIT_BUDGET_CHECKPOINT})
-        tracker.close("FINISHED", timeout_s=20.0, spill_dir=opts.ckpt_dir)
+        uri, _ = resolve_uri(mlflow_uri, ckpt_dir)
+        tracker = MlflowTracker(uri, None, "", run_id=str(run_id), experiment=experiment or EXPERIMENT)
+        tag_final(tracker, ckpt_dir, found.path, hashes)
+        tracker.set_tags({"end_reason": why[:4000], "exit_code": EXIT_BUDGET_CHECKPOINT})
+        tracker.close("FINISHED", timeout_s=20.0, spill_dir=ckpt_dir)
     except (OSError, ValueError) as e:
         print(f"warning: the final files could not be written from {found.path} ({e}); export_run --ckpt-dir "
-              f"{opts.ckpt_dir} still finds the checkpoint", file=sys.stderr)
+              f"{ckpt_dir} still finds the checkpoint", file=sys.stderr)
     finally:
         lock.release()
+    return True
 
 
 def train(opts: TrainOptions) -> int:
@@ -173,8 +177,8 @@ def train(opts: TrainOptions) -> int:
     if setup is not None:
         stop = _launch_gate(opts, cfg, setup, peak, log)
         if stop is not None:
-            if stop[0] == EXIT_BUDGET_CHECKPOINT and world.main and not opts.budget.dry_run:
-                _end_at_last_checkpoint(opts, log, stop[1])
+            if stop[0] == EXIT_BUDGET_CHECKPOINT and world.main and not opts.budget.dry_run and opts.resume:
+                end_at_last_checkpoint(opts.ckpt_dir, opts.mlflow_uri, stop[1], log, opts.experiment)
             return stop[0]
     lock = RunLock(opts.ckpt_dir, log) if world.main else None
     if lock is not None:

@@ -11,15 +11,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..budget import ledger
 from ..budget.guard import Decision
 from ..budget.outside import OutsideGuard
+from ..budget.source import read_source
 from ..budget.terminate import EndOfBill, end_the_bill
 from ..core import redact
+from ..core.console import LOG_FILE_ENV
 from ..core.errors import (
     EXIT_BUDGET_CHECKPOINT,
     EXIT_BUDGET_NOW,
@@ -79,15 +83,17 @@ class BudgetLine:
     kill_grace_s: float = 10.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WatchdogOptions:
     max_restarts: int = 20
     backoff_s: float = 5.0
     max_backoff_s: float = 60.0
-    log_file: Path | None = None
+    events_file: Path | None = None   # one JSON line per event
+    log_file: Path | None = None      # the text log: where output goes when no terminal takes it
     budget: BudgetLine | None = None
     end_of_bill: EndOfBill | None = None
     alerter: Any = None
+    mlflow_uri: str | None = None     # the trainer's store (to end a crash-looped run at its last checkpoint)
 
 
 @dataclass
@@ -103,17 +109,21 @@ class Restart:
     relaunch_latency_s: float | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Exit:
-    """How one child ended: its code and how far it got (for the crash-loop rule)."""
+    """How one start ended: its code, the step it reached (None: it logged no step) and the newest complete
+    checkpoint then. Two consecutive starts with the same step and checkpoint are a crash loop."""
 
     code: int
     step: int | None
     checkpoint_step: int | None
-    reached: int = field(init=False)
 
-    def __post_init__(self) -> None:
-        self.reached = max(s for s in (self.step, self.checkpoint_step, -1) if s is not None)
+    def same_place(self, other: _Exit) -> bool:
+        return (self.step, self.checkpoint_step) == (other.step, other.checkpoint_step)
+
+
+# How a supervision ended, when the trainer's own exit code does not say it all.
+CRASH_LOOP, GAVE_UP, STOPPED = "crash_loop", "gave_up", "stopped"
 
 
 class Watchdog:
@@ -125,25 +135,39 @@ class Watchdog:
         self.restarts: list[Restart] = []
         self.status_file = Path(tempfile.gettempdir()) / f"x1-watchdog-{os.getpid()}-exit.json"
         self.budget_kill: Decision | None = None
+        self.ending: str | None = None    # CRASH_LOOP, GAVE_UP or STOPPED; None: the trainer's code says it
+        self._stop_during_backoff = threading.Event()
 
     def log(self, msg: str, **event: Any) -> None:
+        """A console line (never raises: ``core.console`` diverts a closed terminal) and, with ``event``, a JSON
+        line in ``--events-file``."""
         print(f"[watchdog] {msg}", file=sys.stderr, flush=True)
-        if self.opts.log_file is not None and event:
-            with open(self.opts.log_file, "a") as f:
-                f.write(json.dumps({"time_unix": time.time(), **event}) + "\n")
+        if self.opts.events_file is not None and event:
+            try:
+                with open(self.opts.events_file, "a") as f:
+                    f.write(json.dumps({"time_unix": time.time(), **event}) + "\n")
+            except OSError as e:   # a full disk must not end the supervision
+                print(f"[watchdog] warning: cannot append to {self.opts.events_file} ({e})", file=sys.stderr)
 
     def _forward(self, signum: int, _frame: Any) -> None:
-        if self.stop_signal is None:
+        """The stop reaches the trainer first; only then is it logged (a closed terminal cannot stop it)."""
+        first = self.stop_signal is None
+        if first:
             self.stop_signal = signum
-            how = " as SIGTERM (the terminal closed?)" if signum == signal.SIGHUP else ""
-            self.log(f"{signal.Signals(signum).name} received: forwarding to the trainer{how} and waiting for its "
-                     "checkpoint")
         if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+            with contextlib.suppress(ProcessLookupError):
+                self.child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+        self._stop_during_backoff.set()
+        if first:
+            how = " as SIGTERM (the terminal closed?)" if signum == signal.SIGHUP else ""
+            self.log(f"{signal.Signals(signum).name} received: forwarded to the trainer{how}; waiting for its "
+                     "checkpoint")
 
     def _start(self, cmd: list[str], restart_no: int) -> subprocess.Popen[bytes]:
         env = {**os.environ, "X1_RESTART_COUNT": str(restart_no), EXIT_STATUS_ENV: str(self.status_file),
                WATCHDOG_PID_ENV: str(os.getpid())}
+        if self.opts.log_file is not None:   # where the trainer's output goes once the terminal is gone
+            env[LOG_FILE_ENV] = str(self.opts.log_file.resolve())
         # Its own session: a terminal's Ctrl-C reaches the watchdog only, which forwards it once (twice would be a
         # second SIGINT: an abort without a checkpoint). The trainer watches X1_WATCHDOG_PID so it dies with us.
         return subprocess.Popen(cmd, env=env, start_new_session=True)
@@ -209,9 +233,58 @@ class Watchdog:
         finally:
             if guard is not None:
                 guard.stop()
-        if code in FOR_GOOD and self.opts.end_of_bill is not None and self.stop_signal is None:
-            end_the_bill(self.opts.end_of_bill, code, self.log, self.opts.alerter)
+        self._after(code)
         return code
+
+    def _after(self, code: int) -> None:
+        """Nothing runs any more: end the bill when asked and the run allows it, else say that the machine bills."""
+        end = self.opts.end_of_bill
+        if end is not None and self.stop_signal is None and (code in FOR_GOOD or self.ending in (CRASH_LOOP, GAVE_UP)):
+            if self.ending in (CRASH_LOOP, GAVE_UP):
+                self._end_at_last_checkpoint()
+            end_the_bill(end, code, self.log, self.opts.alerter)   # it alerts what it did, or that it could not
+            return
+        if code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
+            return   # a budget stop: its alert (the trainer's or the watchdog's) says to terminate the instance
+        self._alert_still_billing(code)
+
+    def _end_at_last_checkpoint(self) -> None:
+        """Before terminating after a crash loop or the restart limit: the run ends at its newest complete
+        checkpoint (final files, the MLflow run FINISHED with the reason), so export_run can save it."""
+        from .session import end_at_last_checkpoint
+
+        why = f"the watchdog gave up ({self.ending.replace('_', ' ') if self.ending else 'ended'}): the run ends at " \
+              "its last complete checkpoint"
+        try:
+            end_at_last_checkpoint(self.ckpt_dir, self.opts.mlflow_uri, why, self.log)
+        except Exception as e:  # the export that follows will fail and say so; never lose the alert
+            self.log(f"the run could not be ended at its last checkpoint ({type(e).__name__}: {e})")
+
+    def _rate(self) -> float | None:
+        """The instance's hourly rate: the budget source's, else the ledger's last trusted rate."""
+        if self.opts.budget is not None:
+            snap = read_source(self.opts.budget.source).snapshot
+            if snap is not None and snap.rate_usd_per_hr > 0:
+                return snap.rate_usd_per_hr
+        data, _ = ledger.read(self.ckpt_dir / ledger.LEDGER_FILE)
+        rate = ledger.memory_from_json((data or {}).get("memory") or {}).rate_usd_per_hr if data else None
+        return rate if rate else None
+
+    def _alert_still_billing(self, code: int) -> None:
+        rate = self._rate()
+        bills = f"${rate:.2f}/h (${rate * 24:.2f} a day)" if rate else "at its hourly rate (unknown here: no budget " \
+            "source)"
+        why = {CRASH_LOOP: "a crash loop (two starts ended at the same step with no new checkpoint)",
+               GAVE_UP: f"--max-restarts {self.opts.max_restarts} reached",
+               STOPPED: f"a stop by {signal.Signals(self.stop_signal).name if self.stop_signal else 'signal'}"}.get(
+            self.ending or "", f"exit {code} ({describe_exit(code)})")
+        latest = read_latest(self.ckpt_dir) or "none"
+        body = (f"The watchdog ended after {why}; nothing is training now. If this machine is still up it keeps "
+                f"billing {bills} until you terminate it. Latest complete checkpoint: {latest} in {self.ckpt_dir}. "
+                "Fix the cause and resume (--resume-from-latest), or export the run and terminate the instance.")
+        self.log(body, event="still_billing", exit_code=code, rate_usd_per_hr=rate)
+        if self.opts.alerter is not None:
+            self.opts.alerter.send_within(f"x1: nothing running, the instance still bills (exit {code})", body)
 
     def _supervise(self) -> int:
         cmd, pending, exited_at, failures, previous = self.cmd, None, 0.0, 0, None
@@ -230,19 +303,22 @@ class Watchdog:
             final = self._final(code)
             if final is not None:
                 return final
-            now = self._exit_now(code)
-            if previous is not None and now.reached <= previous.reached:
-                self.log(f"trainer exited with {code} ({describe_exit(code)}) at step {now.step} again, with no "
-                         f"progress since the last start (step {previous.reached}): a crash loop; not relaunching "
-                         "(fix the cause, then resume with --resume-from-latest)", event="crash_loop",
-                         exit_code=code, step=now.reached)
+            now = self._exit_now(code, started_at)
+            if previous is not None and EXIT_INTERRUPTED not in (code, previous.code) and now.same_place(previous):
+                at = f"step {now.step}" if now.step is not None else "before its first logged step"
+                ckpt = f"step_{now.checkpoint_step:07d}" if now.checkpoint_step is not None else "none"
+                self.log(f"trainer exited with {code} ({describe_exit(code)}) {at} again, with no new checkpoint since "
+                         f"the last start (latest: {ckpt}): a crash loop; not relaunching (fix the cause, then resume "
+                         "with --resume-from-latest)", event="crash_loop", exit_code=code, step=now.step)
+                self.ending = CRASH_LOOP
                 return code if code >= 0 else 128 - code
             previous = now
             failures = failures + 1 if code != EXIT_INTERRUPTED else 0
             pending = self._record_restart(code, now, failures)
-            time.sleep(pending.backoff_s)
-            if self.stop_signal is not None or self.budget_kill is not None:
+            if self._stop_during_backoff.wait(pending.backoff_s) or self.stop_signal is not None \
+                    or self.budget_kill is not None:
                 self.log("stop requested during the backoff; not relaunching")
+                self.ending = None if self.budget_kill is not None else STOPPED
                 return EXIT_BUDGET_NOW if self.budget_kill is not None else EXIT_INTERRUPTED
             cmd = with_resume(self.cmd)
 
@@ -264,6 +340,7 @@ class Watchdog:
         if self.stop_signal is not None:
             self.log(f"trainer exited with {code} ({describe_exit(code)}) after the forwarded signal; "
                      "not relaunching", event="stopped", exit_code=code)
+            self.ending = STOPPED
             return code if code >= 0 else EXIT_INTERRUPTED
         if not should_relaunch(code):
             self.log(f"trainer exited with {code} ({describe_exit(code)}); not relaunching",
@@ -272,15 +349,19 @@ class Watchdog:
         if len(self.restarts) >= self.opts.max_restarts:
             self.log(f"trainer exited with {code} ({describe_exit(code)}); --max-restarts {self.opts.max_restarts} "
                      "reached, giving up", event="gave_up", exit_code=code)
+            self.ending = GAVE_UP
             return code if code >= 0 else 128 - code
         return None
 
-    def _exit_now(self, code: int) -> _Exit:
+    def _exit_now(self, code: int, started_at: float) -> _Exit:
+        """Where the start that began at ``started_at`` ended: its own progress (a progress file written by an
+        earlier start says nothing about this one) and the newest complete checkpoint."""
         progress = read_progress(self.ckpt_dir) or {}
         latest = read_latest(self.ckpt_dir)
         ckpt_step = int(latest.split("_")[1]) if latest and latest.startswith("step_") else None
         step = progress.get("step") if isinstance(progress.get("step"), int) else None
-        return _Exit(code, step, ckpt_step)
+        mine = float(progress.get("started_unix") or progress.get("time_unix") or 0) >= started_at - 1
+        return _Exit(code, step if mine else None, ckpt_step)
 
     def _record_restart(self, code: int, now: _Exit, failures: int) -> Restart:
         backoff = min(self.opts.backoff_s * (2 ** max(failures - 1, 0)), self.opts.max_backoff_s)
@@ -296,3 +377,25 @@ class Watchdog:
                  f"in {backoff:.1f} s (restart {pending.number}/{self.opts.max_restarts})")
         return pending
 
+
+def launch_detached(argv: list[str], log_file: Path) -> int:
+    """Start this same watchdog (without --detach) in the background, in its own session, stdin from /dev/null,
+    output appended to ``log_file``; print its pid and how to follow and stop it."""
+    cut = argv.index("--")
+    rest = [a for a in argv[:cut] if a != "--detach"] + argv[cut:]
+    log_file = log_file.resolve()
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "x1_pretrain.watchdog", *rest], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        code = proc.wait(timeout=1.0)   # a watchdog that fails at once is reported here, not lost in the log
+    except subprocess.TimeoutExpired:
+        code = None
+    if code is not None:
+        print(f"error: the detached watchdog exited at once with {code}; see {log_file}", file=sys.stderr)
+        return code or 1
+    print(f"[watchdog] running in the background as pid {proc.pid}, in its own session: closing this terminal does "
+          f"not touch it\n  follow: tail -f {log_file}\n  stop:   kill -TERM {proc.pid}   (the trainer checkpoints "
+          "and exits 75; the watchdog does not relaunch)")
+    return 0
