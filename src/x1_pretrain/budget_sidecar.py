@@ -40,6 +40,7 @@ from types import FrameType
 from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, PROVIDERS, ApiSource, ClockSource
 from .budget.sidecar import BudgetAsk, FixedLines, Sidecar, load_state
 from .core.cli import guarded
+from .core.console import guarded_console
 from .core.errors import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
 
 
@@ -125,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             for s, handler in old.items():
                 signal.signal(s, handler)
 
-    return guarded(body)
+    with guarded_console():   # a closed terminal drops output, never the billing readings
+        return guarded(body)
 
 
 if __name__ == "__main__":

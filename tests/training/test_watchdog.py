@@ -19,20 +19,28 @@ from ..procs import Terminal, progress_step, run_info, start, train_cmd, wait_fo
 from ..servers import JsonServer, wait_until
 
 
-def fake_trainer(tmp_path, codes: list[int], progress: bool = True) -> list[str]:
-    """A real child process that exits with the next code of ``codes`` and records its argv."""
+def fake_trainer(tmp_path, codes: list[int], progress: bool = True,
+                 places: list[tuple[int | None, int | None]] | None = None) -> list[str]:
+    """A real child process that exits with the next code of ``codes`` and records its argv. Start n logs step
+    10*(n+1) (each start gets further, as a run that crashes now and then does) unless ``progress`` is off, or
+    the (step logged, newest checkpoint step) of ``places``."""
     script = tmp_path / "fake_train.py"
     script.write_text(textwrap.dedent(f"""
-        import json, os, signal, sys
+        import json, os, signal, sys, time
         state = {str(tmp_path / 'calls.jsonl')!r}
         n = sum(1 for _ in open(state)) if os.path.exists(state) else 0
         with open(state, "a") as f:
             f.write(json.dumps({{"argv": sys.argv[1:], "restart": os.environ.get("X1_RESTART_COUNT")}}) + "\\n")
         ckpt = {str(tmp_path / 'ckpt')!r}
         os.makedirs(ckpt, exist_ok=True)
-        if {progress!r}:  # each start gets further than the last, as a run that crashes now and then does
+        places = {places!r}
+        step, saved = places[n] if places else ((10 * (n + 1) if {progress!r} else None), None)
+        if step is not None:
             with open(os.path.join(ckpt, "progress.json"), "w") as f:
-                json.dump({{"pid": os.getpid(), "step": 10 * (n + 1)}}, f)
+                json.dump({{"pid": os.getpid(), "step": step, "time_unix": time.time()}}, f)
+        if saved is not None:
+            with open(os.path.join(ckpt, "latest"), "w") as f:
+                f.write("step_%07d\\n" % saved)
         code = {codes!r}[n]
         if code < 0:
             os.kill(os.getpid(), -code)
@@ -69,7 +77,7 @@ def test_relaunches_crashes_preemptions_and_signals_with_resume(tmp_path):
     assert [e["reason"] for e in relaunched] == ["unexpected failure", "interrupted after a checkpoint",
                                                   "killed by SIGKILL"]
     assert all(e["downtime_s"] is not None for e in relaunched)
-    assert events[-1]["event"] == "final_exit" and events[-1]["restarts"] == 3
+    assert [e["event"] for e in events[-2:]] == ["final_exit", "still_billing"] and events[-2]["restarts"] == 3
 
 
 def test_gives_up_after_max_restarts(tmp_path):
@@ -78,7 +86,7 @@ def test_gives_up_after_max_restarts(tmp_path):
 
 
 def test_backoff_doubles_on_consecutive_crashes():
-    wd = W.Watchdog(["x"], W.WatchdogOptions(5, 1.0, 60.0))
+    wd = W.Watchdog(["x"], W.WatchdogOptions(max_restarts=5, backoff_s=1.0, max_backoff_s=60.0))
     assert wd.opts.backoff_s == 1.0 and W.should_relaunch(-15) and W.should_relaunch(137) and not W.should_relaunch(130)
     assert W.with_resume(["a", "--resume-from-latest"]) == ["a", "--resume-from-latest"]
     assert W.ckpt_dir_of(["t", "--ckpt-dir=/x"]).as_posix() == "/x"
@@ -210,7 +218,66 @@ def test_a_crash_loop_is_not_relaunched_forever(tmp_path):
     code = run_watchdog(fake_trainer(tmp_path, [1, 1, 1, 1, 0], progress=False), "--log-file", str(log))
     assert code == 1 and len(calls(tmp_path)) == 2       # the relaunch got no further: stop there
     events = [json.loads(line) for line in log.read_text().splitlines()]
-    assert events[-1]["event"] == "crash_loop"
+    assert [e["event"] for e in events][-2:] == ["crash_loop", "still_billing"]
+
+
+def test_a_crash_loop_is_two_starts_at_the_same_step_with_no_new_checkpoint(tmp_path):
+    """Crashes at other steps, or with a new checkpoint between them, are relaunched (with the backoff) up to
+    --max-restarts; only a start that ends where the previous one ended, on the same checkpoint, is a loop."""
+    places = [(20, 10), (15, 15), (15, 15)]   # the second start wrote a new checkpoint (15) and crashed earlier
+    assert run_watchdog(fake_trainer(tmp_path, [1, 1, 1], places=places)) == 1
+    assert len(calls(tmp_path)) == 3          # started 3 times: the third ended where the second did
+    (tmp_path / "calls.jsonl").unlink()
+    places = [(20, 10), (30, 10), (25, 10), (40, 10)]   # the same checkpoint, but each start ends elsewhere
+    assert run_watchdog(fake_trainer(tmp_path, [1, 1, 1, 1], places=places), "--max-restarts", "3") == 1
+    assert len(calls(tmp_path)) == 4          # the restart limit ended it, not the crash-loop rule
+
+
+@pytest.mark.parametrize("code", [0, 2, 5, 6])
+def test_an_ending_that_leaves_the_machine_billing_alerts_with_the_rate(tmp_path, code):
+    hook = JsonServer()
+    hook.route("/hook", {"ok": True})
+    budget = tmp_path / "budget.json"
+    _budget(budget, 3.0)
+    try:
+        os.environ["X1_SLACK_WEBHOOK_URL"] = hook.base + "/hook"
+        assert run_watchdog(fake_trainer(tmp_path, [code]), "--budget-cap-usd", "35", "--budget-curr-cost-uri",
+                            str(budget)) == code
+    finally:
+        del os.environ["X1_SLACK_WEBHOOK_URL"]
+        hook.close()
+    (text,) = [b["text"] for b in hook.bodies("/hook")]
+    assert f"still bills (exit {code})" in text and "$1.10/h ($26.40 a day)" in text
+
+
+def test_terminate_on_exit_after_a_crash_loop_ends_the_run_at_its_checkpoint_exports_and_terminates(
+        demo_data, tmp_path, monkeypatch):
+    """A real run's checkpoints, then a trainer that crashes twice at the same place: with --terminate-on-exit
+    the run ends at its last complete checkpoint (final files, MLflow FINISHED), is exported, and only then
+    is the instance terminated."""
+    from mlflow import MlflowClient
+
+    from x1_pretrain import train
+
+    ckpt = tmp_path / "ckpt"
+    assert train.main(train_cmd(demo_data, ckpt, 4, ckpt_every=2)[3:]) == 0
+    client, (run,) = run_info(ckpt)
+    client.set_terminated(run.info.run_id, "FAILED")      # as a crashed trainer leaves it
+    (ckpt / ck.FINAL_MODEL).unlink()
+    (ckpt / "exit_status.json").unlink()
+    api = JsonServer()
+    api.route("/api/v1/instances", {"data": [{"id": "inst-a", "status": "active", "instance_type": {
+        "name": "gpu_1x_a100", "price_cents_per_hour": 110}}]})
+    api.route("/api/v1/instance-operations/terminate", {"data": {"terminated_instances": [{"id": "inst-a"}]}})
+    monkeypatch.setenv("LAMBDA_API_KEY", "sk-test")
+    end = ["--terminate-on-exit", "lambda", "--provider-base-url", api.base, "--export-to", str(tmp_path / "out")]
+    try:
+        assert run_watchdog(fake_trainer(tmp_path, [1, 1], places=[(5, 4), (5, 4)]), *end) == 1
+        assert api.bodies("/api/v1/instance-operations/terminate") == [{"instance_ids": ["inst-a"]}]
+    finally:
+        api.close()
+    assert (tmp_path / "out" / "manifest.json").is_file() and (ckpt / ck.FINAL_MODEL).is_file()
+    assert MlflowClient(f"sqlite:///{ckpt}/mlflow.db").get_run(run.info.run_id).info.status == "FINISHED"
 
 
 def test_a_stopped_trainer_cannot_spend_past_the_cap(demo_data, tmp_path):
@@ -265,7 +332,7 @@ def test_the_watchdog_ends_the_bill_only_when_the_run_is_over(tmp_path, monkeypa
     monkeypatch.setenv("LAMBDA_API_KEY", "sk-test")
     end = ["--terminate-on-exit", "lambda", "--provider-base-url", api.base, "--export-to", str(tmp_path / "out")]
     try:
-        # a crash loop is not the end of the run: the instance stays for a person to look at
+        # a crash loop with nothing to export: the instance stays (its disk may hold the only copy) and says so
         assert run_watchdog(fake_trainer(tmp_path, [1, 1], progress=False), *end) == 1
         assert api.bodies("/api/v1/instance-operations/terminate") == []
         # a budget stop without a checkpoint is: the export fails (nothing to export), the bill ends anyway

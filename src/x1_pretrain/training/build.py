@@ -274,16 +274,22 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
     if not ctx.world.main:
         return None
 
-    def on_failed(step: int, reason: str, what: str) -> None:
+    def on_failed(step: int, reason: str, what: str, first: bool) -> None:
         latest = ck.read_latest(ctx.ckpt_dir)
         tracker.set_tags({"checkpoint_failed": f"{ck.step_dir_name(step)} ({reason}): {what}"[:4000],
                           "checkpoint_failures": checkpointer.failures})
         tracker.log_metrics(step, {"checkpoint/failed": 1.0})
-        if alert is not None:
+        if alert is not None and first:   # one alert per episode; the next is when writes succeed again
             alert(f"x1 checkpoint {ck.step_dir_name(step)} FAILED in {ctx.ckpt_dir}",
                   f"The {reason} checkpoint of step {step} could not be written: {what}.\n"
                   f"The latest complete checkpoint is {latest or '(none yet)'}. Free space on the disk of "
-                  f"{ctx.ckpt_dir}; training goes on and tries again at the next checkpoint.")
+                  f"{ctx.ckpt_dir}; training goes on and tries again on schedule (no further alert until a "
+                  "checkpoint is written again).")
+
+    def on_recovered(step: int, failed: int) -> None:
+        if alert is not None:
+            alert(f"x1 checkpoints written again ({ck.step_dir_name(step)})",
+                  f"After {failed} failed attempt(s), the checkpoint of step {step} was written to {ctx.ckpt_dir}.")
 
     def on_saved(step: int, path: Path, secs: float, size: int) -> None:
         tracker.log_metrics(step, {"checkpoint/save_s": secs, "checkpoint/mb_per_s": size / 1e6 / max(secs, 1e-9),
@@ -297,7 +303,7 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
 
     calls = CheckpointCalls(state_dict_for_saving, trainer_state, ctx.log, on_saved,
                             lambda path, hashes: tag_final(tracker, ctx.ckpt_dir, path, hashes), before_save,
-                            on_failed)
+                            on_failed, on_recovered)
     checkpointer = Checkpointer(ctx.ckpt_dir, ctx.cfg.checkpoint.keep_last, ctx.cfg.checkpoint.async_save, calls)
     if resume.found is not None:
         checkpointer.last_saved_step = resume.found.step

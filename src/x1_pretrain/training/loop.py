@@ -75,7 +75,7 @@ class Checkpointer(Protocol):
 
     def wait(self) -> None: ...
 
-    def minutes_since_save(self) -> float: ...
+    def due(self, step: int, every_steps: int, every_min: float) -> str | None: ...
 
 
 @dataclass
@@ -278,10 +278,10 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
             return _end(run, state, outcome, checkpoint=bool(want_ckpt), final=code == EXIT_BUDGET_CHECKPOINT)
 
         _agree_end(run, done)
-        if run.checkpointer is not None and done < run.end_step and (
-                done % cfg.ckpt_every == 0 or 0 < cfg.ckpt_every_min <= run.checkpointer.minutes_since_save()):
-            run.checkpointer.save(run, state, "periodic" if done % cfg.ckpt_every == 0 else
-                                  f"periodic, {cfg.ckpt_every_min:g} min since the last")
+        periodic = run.checkpointer.due(done, cfg.ckpt_every, cfg.ckpt_every_min) \
+            if run.checkpointer is not None and done < run.end_step else None
+        if run.checkpointer is not None and periodic:
+            run.checkpointer.save(run, state, periodic)
         elif run.checkpointer is not None and ckpt_now:
             run.checkpointer.save(run, state, "requested (SIGUSR1)")
         if ckpt_now:  # a SIGUSR1 that arrived after the agreement is served next step

@@ -279,9 +279,11 @@ class Watchdog:
                STOPPED: f"a stop by {signal.Signals(self.stop_signal).name if self.stop_signal else 'signal'}"}.get(
             self.ending or "", f"exit {code} ({describe_exit(code)})")
         latest = read_latest(self.ckpt_dir) or "none"
+        after = "Export the run (export_run), then terminate the instance." if code == EXIT_OK else \
+            "Fix the cause and resume (--resume-from-latest), or export the run and terminate the instance."
         body = (f"The watchdog ended after {why}; nothing is training now. If this machine is still up it keeps "
                 f"billing {bills} until you terminate it. Latest complete checkpoint: {latest} in {self.ckpt_dir}. "
-                "Fix the cause and resume (--resume-from-latest), or export the run and terminate the instance.")
+                + after)
         self.log(body, event="still_billing", exit_code=code, rate_usd_per_hr=rate)
         if self.opts.alerter is not None:
             self.opts.alerter.send_within(f"x1: nothing running, the instance still bills (exit {code})", body)
