@@ -12,7 +12,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -367,12 +367,22 @@ class ThroughputFloor:
 
 
 def _agree_end(run: Run, next_step: int) -> None:
-    """Every rank moves the schedule's end at the same step boundary, to rank 0's proposal (--fit-to-budget)."""
+    """Every rank moves the schedule's end at the same step boundary, to rank 0's proposal (--fit-to-budget).
+
+    A proposal is made during a step and applied at the next boundary, so it can land on this very boundary
+    (one or two steps fitted) or, in a race with the check, before it: the run then ends here, as fitted (exit
+    0 with the final checkpoint), instead of training on at the old rate until the next check."""
     (end,) = agree_max([run.proposed_end], run.world, run.device)
     run.proposed_end = 0
     assert run.horizon is not None
-    if end and end != run.horizon.end_step and end > next_step:
+    if not end or end == run.horizon.end_step:
+        return
+    if end > next_step:
         run.horizon = retarget(run.horizon, next_step, end, run.cfg.optim)
+    elif next_step > 0:
+        run.console(f"budget fit: the end it fitted (step {end}) is here already: the run ends at step {next_step}")
+        run.horizon = replace(run.horizon, end_step=next_step, decay_start=min(run.horizon.decay_start, next_step),
+                              anchor_step=min(run.horizon.anchor_step, next_step))
 
 
 def _eval_and_log(run: Run, state: LoopState) -> None:
