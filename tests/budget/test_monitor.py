@@ -165,6 +165,30 @@ def test_launch_gate_refuses_expensive_rates_and_plans(demo_data, tmp_path, webh
     assert train.main([*args, "--total-steps", "3", "--force-launch", "--max-rate-usd-per-hr", "1.0"]) == 0
 
 
+def test_the_launch_gate_decides_on_the_ledgers_aged_spend(demo_data, tmp_path, webhook, capsys):
+    """A relaunch after the sidecar restarted from zero: budget.json says $0.50, the ledger counted $33 an hour
+    ago at $1.10/h. The gate, like the guard and the watchdog, takes the higher, aged spend ($34.10): 3 more
+    steps plus the reserve and the $5 buffer no longer fit, so the launch is refused. Without the ledger the same
+    reading launches."""
+    from datetime import datetime, timedelta, timezone
+
+    from x1_pretrain.budget.ledger import LEDGER_FILE
+
+    budget, ckpt = tmp_path / "budget.json", tmp_path / "c"
+    write_budget(budget, 0.5, 20.0, rate=1.10)
+    args = ["--config", str(TINY), "--data-dir", str(demo_data), "--ckpt-dir", str(ckpt), *FAST, "--total-steps",
+            "3", "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget), "--expected-step-s", "1.0"]
+    ckpt.mkdir()
+    hour_ago = (datetime.now(timezone.utc) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    (ckpt / LEDGER_FILE).write_text(json.dumps({"format": "x1-budget-ledger/1", "memory": {
+        "spent_usd": 33.0, "spent_at_utc": hour_ago, "rate_usd_per_hr": 1.10}, "events": []}))
+    assert train.main(args) == 3
+    err = capsys.readouterr().err
+    assert "launch refused" in err and "spent $34.10" in err
+    (ckpt / LEDGER_FILE).unlink()
+    assert train.main([*args, "--ckpt-dir", str(tmp_path / "fresh")]) == 0
+
+
 def test_gate_arithmetic_matches_the_errata():
     # 84,000 steps at the honest A100 throughput (~2.13 s/step at MFU 0.48) cost ~$54 at $1.10/h.
     snap = parse({"spent_usd": 0.0, "rate_usd_per_hr": 1.10, "hours_elapsed": 0, "projected_total_usd": 0,

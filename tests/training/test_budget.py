@@ -127,6 +127,43 @@ def test_a_fit_check_late_in_a_step_counts_what_that_step_has_already_cost(tmp_p
     assert early.request[0] == 3
 
 
+def test_max_hours_counts_from_the_runs_first_start_in_the_ledger(tmp_path):
+    """--max-hours 3: the ledger says the run first started 2 h 30 min ago (two processes and a preemption gap
+    ago), while this process started now and the checkpoint counts only 1 h of training wall time. The money
+    is plenty; the time left (30 min, less the 6 min reserve) is what bounds the end: 24 min of 60 s steps."""
+    from x1_pretrain.budget.money import Lines
+    from x1_pretrain.core.config import OptimConfig
+    from x1_pretrain.training.budget import FitContext
+
+    optim = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, schedule="wsd", decay_fraction=0.5)
+    budget = tmp_path / "budget.json"
+    budget_json(budget, 5.0, rate=1.0)
+    first = datetime.fromtimestamp(time.time() - 2.5 * 3600, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    (tmp_path / LEDGER_FILE).write_text(json.dumps({"format": "x1-budget-ledger/1", "run_started_utc": first,
+                                                    "memory": {}, "events": []}))
+    limits = Limits(1000.0, 900.0, lines=Lines(0.0, 0.0, 0.0), reserve_min=6.0)
+    setup = BudgetSetup(BudgetOptions(1000.0, str(budget)), limits, Alerts())
+    fit = FitContext(10_000, optim, 60.0, max_hours=3.0, first_start_estimate_unix=time.time() - 3600)
+    control = BudgetControl(setup, tmp_path, lambda m: None, None, fit=fit)
+    control.monitor.note_step(100, 10_000, 0.0)
+    control.on_verdict(control.monitor.check())
+    assert control.proposed_end in (100 + 24 - 1, 100 + 23 - 1)   # FIT_SLACK_STEPS short; a second's rounding
+    saved = json.loads((tmp_path / LEDGER_FILE).read_text())
+    assert saved["run_started_utc"] == first                     # kept for the next process
+
+
+def test_a_ledger_without_a_first_start_records_the_estimate(tmp_path):
+    from x1_pretrain.budget.ledger import Ledger
+
+    ledger = Ledger(tmp_path, 35.0)
+    ledger.load()
+    t = ledger.run_started(1_700_000_000.0)
+    ledger.save(datetime.now(timezone.utc), ledger.load())
+    again = Ledger(tmp_path, 35.0)
+    again.load()
+    assert t == 1_700_000_000.0 and again.run_started(0.0) == t
+
+
 def test_stop_messages_say_what_to_do_next():
     s, b = stop_message(3, "budget: projected $36", 35.0, 30.5, "/ckpt/step_0001000")
     assert "exit 3" in s and "$30.50 of $35.00" in s and "/ckpt/step_0001000" in b and "export_run" in b

@@ -4,7 +4,6 @@ batches made in the test, hooks that act at chosen step boundaries, a checkpoint
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import pytest
 import torch

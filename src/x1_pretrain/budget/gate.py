@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -31,6 +31,20 @@ class Plan:
         if self.step_s is None:
             return None
         return max(self.total_steps - self.steps_done, 0) * self.step_s / 3600
+
+
+def as_the_guard_sees_it(reading: Reading, limits: Limits, memory: Memory, now: datetime | None = None) -> Reading:
+    """The reading with the spend the guard and the watchdog use: aged to ``now`` and never below the ledger's
+    (``memory``), so the gate decides on the same number as the other two lines. An unreadable reading stays
+    as it is (the guard's unknown-spend rules apply once training starts)."""
+    snap = reading.snapshot
+    if snap is None:
+        return reading
+    now = now or datetime.now(timezone.utc)
+    decision, _ = decide(reading, limits, now, Progress(0, 0, None), memory)
+    if decision.spent_usd is None or decision.spent_usd <= snap.spent_usd:
+        return reading
+    return Reading(replace(snap, spent_usd=decision.spent_usd), reading.problem)
 
 
 def money_at(snapshot: Snapshot, limits: Limits) -> Money:

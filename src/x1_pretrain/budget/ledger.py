@@ -1,6 +1,7 @@
 """The cost ledger: ``<ckpt-dir>/budget_ledger.json``, the budget guard's memory across processes.
 
-It holds what the guard has seen and decided: the spend it used (never decreasing) and when, the rate that
+It holds when the run first started (``--max-hours`` counts wall time from there, downtime included) and
+what the guard has seen and decided: the spend it used (never decreasing) and when, the rate that
 ages it, the launch rate, the newest valid reading, which alerts were sent, since when the spend has been
 unknown, and a bounded list of events (checks that warned, alerted or stopped; each process start). It is
 written atomically after every check by the trainer's rank 0 (the only writer) and read by the watchdog.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,7 @@ class Ledger:
         self._log = log
         self.events: list[dict[str, Any]] = []
         self.created_utc: str | None = None
+        self.run_started_utc: str | None = None   # the run's first start (--max-hours counts from it)
 
     def load(self, fallback: dict[str, Any] | None = None) -> Memory:
         """The memory in the ledger, else in ``fallback`` (a checkpoint's budget snapshot), else empty."""
@@ -88,6 +90,8 @@ class Ledger:
         if data is not None:
             self.events = [e for e in data.get("events", []) if isinstance(e, dict)][-MAX_EVENTS:]
             self.created_utc = data.get("created_utc")
+            started = parse_time(data.get("run_started_utc"))
+            self.run_started_utc = format_time(started) if started else None
             return memory_from_json(data.get("memory") or {})
         if fallback and isinstance(fallback.get("memory"), dict):
             self._log("budget: no ledger yet; starting from the budget snapshot in the checkpoint")
@@ -95,6 +99,15 @@ class Ledger:
         if fallback and isinstance(fallback.get("last_good"), dict):  # checkpoints of x1 before the ledger
             return Memory(last_good=parse(fallback["last_good"]).snapshot, spent_usd=_num(fallback.get("spent_usd")))
         return Memory()
+
+    def run_started(self, estimate_unix: float) -> float:
+        """When the run first started (unix seconds): the ledger's record, else ``estimate_unix`` (this process's
+        start less the wall clock of the checkpoint's earlier processes), recorded from now on."""
+        started = parse_time(self.run_started_utc)
+        if started is None:
+            started = datetime.fromtimestamp(estimate_unix, tz=timezone.utc)
+            self.run_started_utc = format_time(started)
+        return started.timestamp()
 
     def event(self, now: datetime, kind: str, **detail: Any) -> None:
         self.events = [*self.events, {"time_utc": format_time(now), "kind": kind, **detail}][-MAX_EVENTS:]
@@ -110,7 +123,8 @@ class Ledger:
     def save(self, now: datetime, memory: Memory) -> None:
         self.created_utc = self.created_utc or format_time(now)
         blob = {"format": FORMAT, "cap_usd": self.cap_usd, "created_utc": self.created_utc,
-                "updated_utc": format_time(now), "memory": memory_to_json(memory), "events": self.events}
+                "run_started_utc": self.run_started_utc, "updated_utc": format_time(now),
+                "memory": memory_to_json(memory), "events": self.events}
         try:
             write_text_atomic(self.path, json.dumps(blob, indent=1) + "\n")
         except OSError as e:  # a full disk must not stop the guard: it still has the memory in this process

@@ -80,9 +80,8 @@ class FitContext:
     total_steps: int                  # the upper bound (--total-steps)
     optim: OptimConfig
     expected_step_s: float | None     # until the speed is measured (--expected-step-s, or the GPU peak)
-    max_hours: float | None = None    # the run's wall-clock window
-    wall_before_s: float = 0.0        # wall clock of the run's earlier processes
-    started: float = field(default_factory=time.monotonic)
+    max_hours: float | None = None    # the run's wall-clock window, from its first start (downtime included)
+    first_start_estimate_unix: float = field(default_factory=time.time)   # used when the ledger has no record
 
 
 class BudgetControl:
@@ -100,6 +99,8 @@ class BudgetControl:
         self.monitor = BudgetMonitor(str(setup.opts.source), setup.limits, effects, self.ledger, fallback,
                                      fit_mode=fit is not None)
         self.watcher = BudgetWatcher(self.monitor.check, self.on_verdict, setup.opts.check_every_min * 60, log)
+        # --max-hours counts from the run's first start, kept in the ledger across restarts and machines
+        self.run_started_unix = self.ledger.run_started(fit.first_start_estimate_unix) if fit else time.time()
         self.request: tuple[int, str] | None = None
         self._timer: threading.Timer | None = None
         self._exit = os._exit  # replaced in tests that must not end the test process
@@ -155,7 +156,7 @@ class BudgetControl:
                           Progress(m.steps_done, m.total_steps, m.steps_per_hour, m.checkpoint_s))
         hours_left = None
         if fit.max_hours is not None:
-            used_h = (fit.wall_before_s + time.monotonic() - fit.started) / 3600
+            used_h = (time.time() - self.run_started_unix) / 3600
             hours_left = fit.max_hours - used_h - money.reserve_min / 60
         n = steps_that_fit(money, step_s, hours_left, buffer=False, paid_s=m.in_flight_s())
         end = fitted_end(m.steps_done, n, fit.total_steps)

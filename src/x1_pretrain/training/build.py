@@ -324,7 +324,8 @@ def _fit_context(ctx: Context, resume: Resume) -> FitContext | None:
     b = ctx.opts.budget
     fpt = flops.flops_per_token(cfg.model).honest
     step_s = expected_step_s(b.expected_step_s, cfg.tokens_per_step(), fpt, ctx.peak_tflops, b.assumed_mfu)
-    return FitContext(cfg.train.total_steps, cfg.optim, step_s, b.max_hours, resume.state.get("wall_clock_s", 0.0))
+    return FitContext(cfg.train.total_steps, cfg.optim, step_s, b.max_hours,
+                      ctx.started_unix - float(resume.state.get("wall_clock_s", 0.0)))
 
 
 def _horizon(cfg: C.Config, resume: Resume) -> Horizon:
