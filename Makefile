@@ -30,7 +30,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 tests
 
 # The users' container versions (nvcr.io/nvidia/pytorch:24.10-py3): Python 3.10 + torch 2.5, with the
-# transformers that works with it (constraints/torch25.txt). Skipped, saying so, where no Python 3.10 exists.
+# transformers that works with it (constraints/torch25.txt). Where no Python 3.10 exists it fails under CI=true
+# (CI promises this lane) and is skipped, saying so, elsewhere.
 COMPAT_VENV  ?= .venv-compat
 COMPAT_TORCH ?= torch==2.5.1
 COMPAT_STAMP := $(COMPAT_VENV)/.x1-installed
@@ -46,6 +47,9 @@ $(COMPAT_STAMP): pyproject.toml constraints/torch25.txt
 
 test-compat:
 	@if ! .ci/python310 >/dev/null; then \
+	  if [ "$${CI:-}" = "true" ]; then \
+	    echo "[compat] FAILED: CI=true but no Python 3.10 on this machine: the 3.10 + torch 2.5 lane cannot run" \
+	         "(install one, e.g. pyenv install 3.10, or set X1_COMPAT_PYTHON to one)" >&2; exit 1; fi; \
 	  echo "[compat] SKIPPED: no Python 3.10 on this machine (set X1_COMPAT_PYTHON to one)"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(COMPAT_STAMP) && \
 	$(COMPAT_VENV)/bin/python -c "import sys, torch, transformers; print('[compat] Python', sys.version.split()[0], \

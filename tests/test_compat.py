@@ -60,3 +60,23 @@ def test_the_transformers_hint_follows_the_torch_version():
         hint = transformers_hint(old)
         assert hint is not None and "transformers>=4.44,<5" in hint and "[hf-torch25]" in hint
     assert transformers_hint("2.6.0") is None and transformers_hint("2.13.0") is None
+
+
+def _make_test_compat_without_python310(tmp_path, ci: str) -> subprocess.CompletedProcess:
+    """``make test-compat`` on a machine where no Python 3.10 can be found (a PATH and HOME without one)."""
+    import os
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CI": ci}
+    if any(os.path.exists(f"{d}/python3.10") for d in ("/usr/bin", "/bin", "/usr/local/bin")):
+        import pytest
+
+        pytest.skip("this machine has a system Python 3.10")
+    return subprocess.run(["make", "--no-print-directory", "test-compat"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_ci_fails_the_compat_lane_when_no_python310_exists(tmp_path):
+    r = _make_test_compat_without_python310(tmp_path, "true")
+    assert r.returncode != 0 and "FAILED: CI=true but no Python 3.10" in r.stderr
+    r = _make_test_compat_without_python310(tmp_path, "")
+    assert r.returncode == 0 and "SKIPPED" in r.stdout
