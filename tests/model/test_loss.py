@@ -75,3 +75,28 @@ def test_no_buffer_of_all_tokens_by_vocab_survives_the_forward():
         assert big == []
         plain(h, w, y, 2000).backward()
     assert big, "the hook should see the plain route's saved logits (else this test proves nothing)"
+
+
+def test_compiled_gradients_equal_eager_ones(tmp_path, monkeypatch):
+    """Inductor on the CPU compiles the loss as the trainer's torch.compile does (a small head and chunking that
+    splits the tokens unevenly): the value and both gradients equal the eager ones, and the plain route's."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))   # a cold, private cache
+    import torch._dynamo
+
+    def loss_of(h, w, y):
+        return linear_cross_entropy(torch.tanh(h) * 1.5, w, y, 300, chunk_tokens=40) * 2.5
+
+    compiled = torch.compile(loss_of, backend="inductor", fullgraph=True)
+    h, w, y = inputs()
+    eager_value = loss_of(h, w, y)
+    eh, ew = torch.autograd.grad(eager_value, (h, w))
+    try:
+        value = compiled(h, w, y)
+        ch, cw = torch.autograd.grad(value, (h, w))
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(value, eager_value, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ch, eh, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(cw, ew, atol=1e-6, rtol=1e-5)
+    ref = plain(torch.tanh(h) * 1.5, w, y, 300) * 2.5
+    torch.testing.assert_close(ch, torch.autograd.grad(ref, h)[0], atol=1e-6, rtol=1e-5)

@@ -68,6 +68,28 @@ def test_two_ranks_match_one_process_and_resume_exactly(demo_data, tmp_path):
     assert all(torch.equal(w2[k], w3[k]) for k in w2)
 
 
+def test_two_micro_steps_per_rank_under_no_sync_match_one_process(demo_data, tmp_path):
+    """Micro-batch 4: one process accumulates 4 micro-steps; each of 2 ranks accumulates 2, the first inside
+    DDP's no_sync (no all-reduce until the last micro-step). Same global batch, same sequences: the same losses
+    and weights to float rounding."""
+    steps, micro = 5, ["--set", "train.micro_batch_size=4"]
+    one = tmp_path / "one"
+    r = subprocess.run(train_cmd(demo_data, one, steps, *micro, "--set", "train.grad_accum_steps=4"),
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    two = tmp_path / "two"
+    r = subprocess.run(ddp_cmd(demo_data, two, steps, *micro), capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "global batch 16 = micro-batch 4 x grad accumulation 2 x 2 ranks" in r.stdout
+    l1, l2 = losses(one), losses(two)
+    assert set(l1) == set(l2) == set(range(1, steps + 1))
+    for s in l1:
+        assert abs(l1[s] - l2[s]) <= 1e-5 * abs(l1[s]), s
+    w1, w2 = safetensors_io.load(one / "final.safetensors"), safetensors_io.load(two / "final.safetensors")
+    for k in w1:   # the same bound as one micro-step per rank (above), for the same reason
+        torch.testing.assert_close(w1[k], w2[k], atol=5e-5, rtol=1e-4)
+
+
 def test_the_watchdog_sees_the_trainers_code_through_torchrun(demo_data, tmp_path):
     """torchrun exits 1 for any failing worker; rank 0's recorded code (here a usage error, 2) must stop
     the watchdog instead of being relaunched."""
