@@ -8,10 +8,17 @@ per step, $0.02 until a third of --steps, then $0.04; so the arms compare by ste
 
   (a) cosine planned for --steps, cut by the guard when the projection passes the cap (exit 3: today's lab);
   (b) WSD (decay 25 %, 1-sqrt) with --fit-to-budget: the end follows the money, the decay reaches min_lr there;
-  (c) cosine planned from the start for exactly the steps (b) reached (no budget guard).
+  (c) cosine planned from the start for exactly the steps (b) reached (no budget guard);
+  (d) the lab's cosine planned for --steps, cut only when the money is gone: at the step (b) reached, i.e. at
+      (b)'s spend (its checkpoint at that step; the run is then stopped).
+
+What each difference measures: (a) - (b) is today's guard against fitting, but (a) stops at its first
+projection over the cap, so it also trains fewer steps for less money; (d) - (b) is like for like (the same
+steps and dollars): what annealing to the end buys over a cosine cut where the money ends; (c) - (b): whether
+fitting as it goes is as good as knowing the length in advance.
 
 Each arm's final weights are evaluated on every window of the val split (the same windows for all), and the
-script prints the val loss per seed and the mean ± std per arm.
+script prints the val loss, steps and dollars per seed, and the mean ± std per arm.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,6 +78,32 @@ def billed_run(data: Path, run_dir: Path, steps: int, seed: int, cap: float, fit
     return code, out, billing.spent
 
 
+def cut_where_the_money_ends(data: Path, run_dir: Path, steps: int, seed: int, cut: int) -> Path:
+    """(d): the cosine planned for ``steps``, billed like the others, its weights taken at step ``cut`` (a
+    checkpoint there); the process is stopped once that checkpoint is complete. Returns the step dir."""
+    from x1_pretrain.demo.billing import StepBilling
+
+    run_dir.mkdir(parents=True)
+    ckpt = run_dir / "ckpt"
+    want = ckpt / f"step_{cut:07d}"
+    billing = StepBilling(run_dir / "budget.json", ckpt, lambda s: 0.02 if s < steps // 3 else 0.04, step_s=STEP_S)
+    cmd = [sys.executable, "-m", "x1_pretrain.train", "--config", str(TINY), "--data-dir", str(data), "--ckpt-dir",
+           str(ckpt), "--total-steps", str(steps), "--seed", str(seed), "--log-every", "10", "--eval-every",
+           "100000", "--ckpt-every", str(cut), "--set", "optim.warmup_steps=10"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not (want / "DONE").exists() and proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        billing.close()
+    if not (want / "DONE").exists():
+        raise SystemExit(f"(d) never wrote {want}")
+    return want
+
+
 def final_step(ckpt: Path) -> int:
     return json.loads((ckpt / (ckpt / "latest").read_text().strip() / "trainer_state.json").read_text())["step"]
 
@@ -101,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="x1-fit-bench-"))
     data = tokenize(root)
-    results: dict[str, list[float]] = {"a": [], "b": [], "c": []}
+    results: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": []}
     for seed in range(args.seeds):
         d = root / f"seed{seed}"
         code_a, _, spent_a = billed_run(data, d / "a", args.steps, seed, args.cap, fit=False)
@@ -111,21 +145,26 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         steps_a, steps_b = final_step(d / "a" / "ckpt"), final_step(d / "b" / "ckpt")
         code_c, _ = train(data, d / "c", steps_b, seed)
-        la, lb, lc = (val_loss(p, data) for p in (d / "a" / "ckpt", d / "b" / "ckpt", d / "c"))
-        for k, v in zip("abc", (la, lb, lc), strict=True):
+        cut = cut_where_the_money_ends(data, d / "d", args.steps, seed, steps_b)
+        losses = [val_loss(p, data) for p in (d / "a" / "ckpt", d / "b" / "ckpt", d / "c", cut)]
+        for k, v in zip("abcd", losses, strict=True):
             results[k].append(v)
+        la, lb, lc, ld = losses
         print(f"seed {seed}: (a) cut at step {steps_a} (exit {code_a}, ${spent_a:.2f}) val {la:.4f} | "
               f"(b) fitted to step {steps_b} (exit {code_b}, ${spent_b:.2f}) val {lb:.4f} | "
-              f"(c) cosine for {steps_b} steps (exit {code_c}) val {lc:.4f}", flush=True)
-    arms = (("a", "cosine, cut by the guard"), ("b", "wsd + --fit-to-budget"), ("c", "cosine planned for (b)'s steps"))
+              f"(c) cosine for {steps_b} steps (exit {code_c}) val {lc:.4f} | "
+              f"(d) cosine for {args.steps} cut at step {steps_b} (b's steps and spend) val {ld:.4f}", flush=True)
+    arms = (("a", "cosine, cut by the guard"), ("b", "wsd + --fit-to-budget"), ("c", "cosine planned for (b)'s steps"),
+            ("d", "cosine cut where the money ends"))
     for k, name in arms:
         v = results[k]
         sd = statistics.stdev(v) if len(v) > 1 else 0.0
         print(f"({k}) {name:32s} val loss {statistics.mean(v):.4f} ± {sd:.4f} over {len(v)} seeds")
-    diff_ab = [a - b for a, b in zip(results["a"], results["b"], strict=True)]
-    diff_cb = [c - b for c, b in zip(results["c"], results["b"], strict=True)]
-    print(f"(a) - (b): {statistics.mean(diff_ab):+.4f} nats (positive: fitting beats being cut)")
-    print(f"(c) - (b): {statistics.mean(diff_cb):+.4f} nats (near zero: as good as planning the length in advance)")
+    for k, meaning in (("a", "today's guard vs fitting; (a) also trains fewer steps for less money"),
+                       ("d", "like for like, same steps and dollars: what annealing to the money's end buys"),
+                       ("c", "near zero: fitting as it goes is as good as planning the length in advance")):
+        diff = [x - b for x, b in zip(results[k], results["b"], strict=True)]
+        print(f"({k}) - (b): {statistics.mean(diff):+.4f} nats ({meaning})")
     shutil.rmtree(root, ignore_errors=True)
     return 0
 

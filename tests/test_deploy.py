@@ -64,7 +64,7 @@ def test_scripts_parse_and_use_the_labs_commands(task):
     assert ("--output-dir /workspace/data/tokenized --tokenizer gpt2 --val-fraction 0.001 --workers 16") in run
     assert "python -m x1_pretrain.budget_sidecar --provider \"$provider\" --out /workspace/budget.json " \
            "--interval-min 5" in run
-    assert ("python -m x1_pretrain.watchdog --log-file \"$logs/watchdog.jsonl\" -- python -m x1_pretrain.train "
+    assert ("python -m x1_pretrain.watchdog --events-file \"$logs/watchdog.jsonl\" -- python -m x1_pretrain.train "
             "--config configs/x1-50m-a100.yaml --data-dir /workspace/data/tokenized --ckpt-dir /workspace/checkpoints "
             "--mlflow-uri file:///workspace/mlruns --total-steps \"$X1_TOTAL_STEPS\" --ckpt-every 1800 "
             "--ckpt-every-min 15 --eval-every 1800 --log-every 10 --resume-from-latest --budget-cap-usd 35.0 "
@@ -163,7 +163,7 @@ def test_run_script_maps_trainer_exits_to_job_exits(task, tmp_path, train_exit, 
 def test_train_and_watchdog_flags_are_real(task, tmp_path):
     _, calls, ws = _run(task, tmp_path, 0, LAMBDA_API_KEY="k", X1_EXPECTED_STEP_S="2.1")
     wd = _call(calls, "x1_pretrain.watchdog")
-    assert wd is not None and wd[2:4] == ["--log-file", f"{ws}/logs/watchdog.jsonl"] and wd[4] == "--"
+    assert wd is not None and wd[2:4] == ["--events-file", f"{ws}/logs/watchdog.jsonl"] and wd[4] == "--"
     assert wd[5:8] == ["python", "-m", "x1_pretrain.train"]
     args = train.build_parser().parse_args(wd[8:])  # every flag exists and parses
     assert (args.total_steps, args.ckpt_every, args.eval_every, args.log_every) == (33766, 1800, 1800, 10)

@@ -3,8 +3,10 @@
 Honest accounting (nanoGPT / PaLM appendix B): each token costs 6 FLOPs per weight it meets in
 forward+backward, the tied LM head included (it is a d_model x vocab matmul even though it shares
 storage with the embedding lookup, which costs nothing), plus attention's score and value matmuls,
-12 * n_layer * n_head * head_dim * seq_len. The lab's figure is 6 x non-embedding parameters; it is
-shown beside the honest one, labelled, because it overstates MFU (see docs/architecture.md).
+12 * n_layer * n_head * head_dim * seq_len. The lab's figure is 6 x non-embedding parameters, about half
+the honest one for the lab model: it understates MFU at a measured tokens/s (it counts less work per token)
+and, used to plan, overstates the tokens/s a given MFU buys. It is shown beside the honest one, labelled
+(see docs/architecture.md and ERRATA 1).
 """
 
 from __future__ import annotations

@@ -8,11 +8,16 @@ Here the tokens are taken in chunks. For each chunk the forward computes the log
 the cross-entropy is the last operation of the graph, already the gradient ``softmax - onehot`` and what it
 means for the hidden states and the head's weight (llm.c's fused classifier does the same in one kernel).
 The backward then only scales those two saved gradients by the incoming scalar. Per chunk, one fp32
-(chunk × vocab) buffer lives at a time, reused in place; nothing of that size survives the forward.
+(chunk × vocab) buffer is reused in place (see the peak below); nothing of that size survives the forward.
 
 Columns from ``vocab`` on (the padding of the head to a multiple of 128, see ``transformer.py``) get no
 probability and no gradient. Under autocast the matmuls run in the autocast dtype, as ``nn.Linear`` would,
 and the softmax and the loss in fp32. In no-grad mode (eval) the gradient work is skipped.
+
+Peak per chunk: in fp32, the one (chunk × vocab) fp32 buffer (4 bytes an element). Under bf16 autocast more
+lives for a moment: the matmul's bf16 logits beside their fp32 copy, and later the fp32 gradient beside its
+bf16 cast for the two gradient matmuls, so 6 bytes an element at the peak, 1.5x the fp32 buffer (4096 ×
+50,304 tokens × columns: 0.8 GB fp32, 1.2 GB at the peak).
 """
 
 from __future__ import annotations

@@ -142,7 +142,8 @@ def _budget_flags(b: Any) -> None:
                    help="--total-steps becomes an upper bound: at every check the end moves to what the money (and "
                         "--max-hours) still pays for, and the wsd decay reaches min_lr exactly there (sets "
                         "train.fit_to_budget; needs optim.schedule wsd)")
-    b.add_argument("--max-hours", type=float, help="with --fit-to-budget: hours of wall clock the run may take")
+    b.add_argument("--max-hours", type=float, help="with --fit-to-budget: hours of wall clock the run may take, "
+                   "from its first start (downtime included; kept in the budget ledger)")
     b.add_argument("--budget-stop-wait-s", type=float, default=120.0,
                    help="projected over the cap: wait this long for a step boundary to checkpoint at, then exit 4 "
                         "without one (default 120)")
