@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"({k}) {name:32s} val loss {statistics.mean(v):.4f} ± {sd:.4f} over {len(v)} seeds")
     for k, meaning in (("a", "today's guard vs fitting; (a) also trains fewer steps for less money"),
                        ("d", "like for like, same steps and dollars: what annealing to the money's end buys"),
-                       ("c", "near zero: fitting as it goes is as good as planning the length in advance")):
+                       ("c", "fitting as it goes vs knowing the length in advance; <= 0 would mean no worse")):
         diff = [x - b for x, b in zip(results[k], results["b"], strict=True)]
         print(f"({k}) - (b): {statistics.mean(diff):+.4f} nats ({meaning})")
     shutil.rmtree(root, ignore_errors=True)
