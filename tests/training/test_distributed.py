@@ -72,7 +72,7 @@ def test_two_micro_steps_per_rank_under_no_sync_match_one_process(demo_data, tmp
     """Micro-batch 4: one process accumulates 4 micro-steps; each of 2 ranks accumulates 2, the first inside
     DDP's no_sync (no all-reduce until the last micro-step). Same global batch, same sequences: the same losses
     and weights to float rounding."""
-    steps, micro = 5, ["--set", "train.micro_batch_size=4"]
+    steps, micro = 3, ["--set", "train.micro_batch_size=4"]
     one = tmp_path / "one"
     r = subprocess.run(train_cmd(demo_data, one, steps, *micro, "--set", "train.grad_accum_steps=4"),
                        capture_output=True, text=True, cwd=REPO, timeout=300)

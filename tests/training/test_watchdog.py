@@ -181,7 +181,7 @@ def test_a_detached_run_does_not_notice_its_terminal_closing(demo_data, tmp_path
     terminal then closes and the run goes on to its end, its output in the log."""
     ckpt, log = tmp_path / "c", tmp_path / "logs" / "run.log"
     term = Terminal([sys.executable, "-m", "x1_pretrain.watchdog", "--detach", "--log-file", str(log), "--",
-                     *train_cmd(demo_data, ckpt, 12, log_every=4)])
+                     *train_cmd(demo_data, ckpt, 4, log_every=2)])
     assert term.proc.wait(timeout=60) == 0
     wait_until(lambda: "kill -TERM" in term.output(), timeout=10)
     said = term.output()
@@ -191,7 +191,7 @@ def test_a_detached_run_does_not_notice_its_terminal_closing(demo_data, tmp_path
     assert wait_until(lambda: _gone(pid), timeout=240), "the detached watchdog did not finish"
     assert ck.read_exit_status(ckpt)["exit_code"] == 0 and (ckpt / ck.FINAL_MODEL).is_file()
     text = log.read_text()
-    assert "step      12/12" in text and "[watchdog] trainer exited with 0 (finished)" in text
+    assert "step       4/4" in text and "[watchdog] trainer exited with 0 (finished)" in text
 
 
 def test_detach_needs_a_log_file(capsys):
