@@ -85,16 +85,21 @@ class Terminal:
                                      stdout=slave, stderr=slave, close_fds=True)
         os.close(slave)
         self._chunks: list[bytes] = []
+        self._closing = threading.Event()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
         import os
+        import select
 
-        while True:
+        while not self._closing.is_set():
+            ready, _, _ = select.select([self.master], [], [], 0.05)   # never blocked in a read at close time
+            if not ready:
+                continue
             try:
                 data = os.read(self.master, 65536)
-            except OSError:   # the terminal closed (EIO once every slave side is gone)
+            except OSError:   # EIO: every slave side is gone (the process ended)
                 return
             if not data:
                 return
@@ -104,7 +109,10 @@ class Terminal:
         return b"".join(self._chunks).decode(errors="replace")
 
     def close(self) -> None:
+        """Close the terminal: the reader stops first, so the close is the last reference to the master."""
         import os
 
-        os.close(self.master)
+        self._closing.set()
         self._reader.join(timeout=10)
+        assert not self._reader.is_alive()
+        os.close(self.master)

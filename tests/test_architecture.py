@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,3 +179,22 @@ def test_tests_mirror_the_layout():
         assert (tests / sub / "__init__.py").is_file(), f"tests/{sub}/ mirrors src/x1_pretrain/{sub}/"
     for path in tests.glob("*/test_*.py"):
         assert path.parent.name in SUBPACKAGES, path
+
+
+def test_nothing_but_source_under_src():
+    """Every tracked file under src/ is Python source or the py.typed marker (a stray wheel or data file would
+    ship inside the package)."""
+    tracked = subprocess.run(["git", "ls-files", "src"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    if not tracked.strip():
+        pytest.skip("not a git checkout")
+    other = [f for f in tracked.split() if not (f.endswith(".py") or f.endswith("/py.typed"))]
+    assert not other, f"not source: {other}"
+
+
+def test_small_shared_pieces_exist_once():
+    """The process-alive check, the folder renamed into place and the default MLflow store are written once."""
+    text = {p: p.read_text() for p in FILES}
+    assert [p.name for p, t in text.items() if re.search(r"os\.kill\([^,]+, 0\)", t)] == ["fileio.py"]
+    assert [p.name for p, t in text.items() if "mlflow.db" in t.replace("<ckpt-dir>/mlflow.db", "")] == ["names.py"]
+    renames = [p.name for p, t in text.items() if ".old-{os.getpid()}" in t]
+    assert renames == ["fileio.py"], renames

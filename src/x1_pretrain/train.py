@@ -1,9 +1,7 @@
 """Pretrain the model: ``python -m x1_pretrain.train --config configs/x1-50m-a100.yaml --data-dir ...``
 
-Exit codes: 0 finished · 2 bad usage/config/data · 3 budget stop with checkpoint · 4 budget stop
-without checkpoint · 5 diverged (NaN/Inf) · 6 throughput below --min-tokens-per-s · 75 interrupted
-(SIGTERM/SIGINT/SIGHUP) after a clean checkpoint · 1 anything unexpected. A closed terminal stops the run like
-SIGTERM (checkpoint, exit 75); output that can no longer reach it is dropped. ``--help`` lists every flag.
+Exit codes: ``core.errors.EXIT_CODES``, printed by ``--help`` with every flag. A closed terminal stops the run
+like SIGTERM (checkpoint, exit 75); output that can no longer reach it is dropped.
 """
 
 from __future__ import annotations

@@ -3,12 +3,10 @@ even when the trainer cannot; end the bill when the run is over.
 
     python -m x1_pretrain.watchdog [--max-restarts 20] [--backoff-s 5] -- python -m x1_pretrain.train ...
 
-Relaunches on exit 75 (interrupted after a clean checkpoint), 7 (the final or stop checkpoint could not be
-written: from the last complete one), 1 (unexpected failure) or death by a signal, adding
-``--resume-from-latest`` when the command lacks it, after a backoff that doubles per consecutive failure
-(capped at ``--max-backoff-s``). Never relaunches after 0 (finished), 2 (bad usage), 3 or 4 (budget stops), 5
-(diverged), 6 (throughput floor) or 130 (aborted by a second Ctrl-C), nor when two consecutive starts ended at
-the same step with no new checkpoint between them (a crash loop: it exits with the trainer's code).
+Relaunches on the exits marked * below or death by a signal, adding ``--resume-from-latest`` when the command
+lacks it, after a backoff that doubles per consecutive failure (capped at ``--max-backoff-s``); never after the
+others, nor when two consecutive starts ended at the same step with no new checkpoint between them (a crash
+loop: it exits with the trainer's code).
 SIGTERM/SIGINT/SIGHUP (a closed terminal) sent to the watchdog reach the trainer as SIGTERM/SIGINT, which
 checkpoints and exits 75; the watchdog then exits without relaunching, and a trainer whose watchdog is gone
 stops the same way (no orphan).
@@ -43,14 +41,16 @@ from .budget import alerts
 from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, ApiSource
 from .budget.terminate import EndOfBill
 from .core.console import guarded_console
-from .core.errors import EXIT_USAGE, X1Error
+from .core.errors import EXIT_USAGE, X1Error, exit_code_help
+from .core.names import default_mlflow_uri
 from .training.watchdog import BudgetLine, Watchdog, WatchdogOptions, ckpt_dir_of, flag_of, launch_detached
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m x1_pretrain.watchdog", description=__doc__,
                                  usage="python -m x1_pretrain.watchdog [options] -- <train command>",
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=exit_code_help(True),
+                                 allow_abbrev=False)   # --detach is stripped by name before the relaunch
     ap.add_argument("--max-restarts", type=int, default=20, help="relaunches before giving up (default 20)")
     ap.add_argument("--backoff-s", type=float, default=5.0, help="wait before a relaunch (doubles per crash)")
     ap.add_argument("--max-backoff-s", type=float, default=60.0, help="the longest wait (default 60)")
@@ -98,7 +98,7 @@ def options(args: argparse.Namespace, cmd: list[str]) -> WatchdogOptions:
             raise X1Error(f"--terminate-on-exit {provider}: environment variable {key_env} is not set")
         rid = args.instance_id if provider == "lambda" else (args.pod_id or os.environ.get("RUNPOD_POD_ID"))
         api = ApiSource(provider, args.provider_base_url or DEFAULT_BASE_URL[provider], key, key_env, 20.0, rid)
-        uri = flag_of(cmd, "--mlflow-uri") or f"sqlite:///{ckpt_dir_of(cmd).resolve()}/mlflow.db"
+        uri = flag_of(cmd, "--mlflow-uri") or default_mlflow_uri(ckpt_dir_of(cmd))
         end = EndOfBill(api, args.export_to, uri)
     return WatchdogOptions(max_restarts=args.max_restarts, backoff_s=args.backoff_s,
                            max_backoff_s=args.max_backoff_s, events_file=args.events_file, log_file=args.log_file,

@@ -6,30 +6,31 @@ import io
 import os
 import sys
 
+import pytest
+
 from x1_pretrain.core import console
 
 
-def _broken_stream() -> io.TextIOWrapper:
-    """A text stream on a pipe whose reader is gone: every write fails (EPIPE), like a hung-up terminal (EIO)."""
+def _broken_stream(line_buffering: bool = True) -> io.TextIOWrapper:
+    """A text stream on a pipe whose reader is gone: every write fails (EPIPE), like a hung-up terminal (EIO).
+    Buffered as sys.stdout is (TextIOWrapper over a BufferedWriter)."""
     r, w = os.pipe()
     os.close(r)
-    return io.TextIOWrapper(os.fdopen(w, "wb", buffering=0), line_buffering=True)
+    return io.TextIOWrapper(os.fdopen(w, "wb"), line_buffering=line_buffering)
 
 
-def test_a_write_that_fails_goes_to_the_log_file_from_then_on(tmp_path):
+@pytest.mark.parametrize("line_buffering", [True, False])   # a terminal's stdout, and a pipe's
+def test_a_write_that_fails_goes_to_the_log_file_from_then_on(tmp_path, line_buffering):
     raw = _broken_stream()
-    try:
+    with pytest.raises(BrokenPipeError):
         raw.write("x\n")
-        raise AssertionError("the pipe should refuse writes")
-    except BrokenPipeError:
-        pass
     log = tmp_path / "run.log"
-    stream = console._Resilient(_broken_stream(), log)
+    stream = console._Resilient(_broken_stream(line_buffering), log)
     stream.write("first line after the hang-up\n")
     stream.flush()
     print("a later print", file=stream, flush=True)  # type: ignore[arg-type]
     assert stream.diverted == str(log)
-    assert log.read_text() == "first line after the hang-up\na later print\n"
+    assert log.read_text() == "first line after the hang-up\na later print\n"   # each line once
     os.write(stream.fileno(), b"a raw write on the descriptor\n")   # child processes and C code write there too
     assert log.read_text().endswith("a raw write on the descriptor\n")
 

@@ -25,6 +25,20 @@ def ddp_cmd(data: Path, ckpt: Path, steps: int, *extra: str, **kw) -> list[str]:
     return [*TORCHRUN, *single[1:]]  # "-m x1_pretrain.train ..." after torchrun's own flags
 
 
+def assert_same_run(one: Path, two: Path, steps: int) -> dict[str, torch.Tensor]:
+    """The two runs logged the same losses at every step and ended with the same weights (returns ``two``'s)."""
+    l1, l2 = losses(one), losses(two)
+    assert set(l1) == set(l2) == set(range(1, steps + 1))
+    for s in l1:
+        assert abs(l1[s] - l2[s]) <= 1e-5 * abs(l1[s]), s
+    w1, w2 = safetensors_io.load(one / "final.safetensors"), safetensors_io.load(two / "final.safetensors")
+    # Gradients agree to float rounding (all-reduce vs accumulation order); AdamW's lr * m / sqrt(v) can turn that
+    # into ~1e-5 on a weight whose gradient is near zero (seen: 1.16e-5 on one of 11,264, torch 2.5), so 5e-5.
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=5e-5, rtol=1e-4)
+    return w2
+
+
 def test_chunks_are_shared_out_over_ranks():
     assert World(0, 0, 2).chunks(3) == [0, 2, 4] and World(1, 1, 2).chunks(3) == [1, 3, 5]
     assert World().chunks(4) == [0, 1, 2, 3]
@@ -39,15 +53,7 @@ def test_two_ranks_match_one_process_and_resume_exactly(demo_data, tmp_path):
     r = subprocess.run(ddp_cmd(demo_data, two, steps, ckpt_every=4), capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "global batch 16 = micro-batch 8 x grad accumulation 1 x 2 ranks" in r.stdout
-    l1, l2 = losses(one), losses(two)
-    assert set(l1) == set(l2) == set(range(1, steps + 1))
-    for s in l1:
-        assert abs(l1[s] - l2[s]) <= 1e-5 * abs(l1[s]), s
-    w1, w2 = safetensors_io.load(one / "final.safetensors"), safetensors_io.load(two / "final.safetensors")
-    # Gradients agree to float rounding (all-reduce vs accumulation order); AdamW's lr * m / sqrt(v) can turn that
-    # into ~1e-5 on a weight whose gradient is near zero (seen: 1.16e-5 on one of 11,264, torch 2.5), so 5e-5.
-    for k in w1:
-        torch.testing.assert_close(w1[k], w2[k], atol=5e-5, rtol=1e-4)
+    w2 = assert_same_run(one, two, steps)
     assert [p.name for _, p in ck.list_step_dirs(two)] == ["step_0000004", "step_0000008"]  # rank 0 alone wrote
 
     # the same job, interrupted after its step-4 checkpoint and resumed with the same world size
@@ -81,13 +87,7 @@ def test_two_micro_steps_per_rank_under_no_sync_match_one_process(demo_data, tmp
     r = subprocess.run(ddp_cmd(demo_data, two, steps, *micro), capture_output=True, text=True, cwd=REPO, timeout=300)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "global batch 16 = micro-batch 4 x grad accumulation 2 x 2 ranks" in r.stdout
-    l1, l2 = losses(one), losses(two)
-    assert set(l1) == set(l2) == set(range(1, steps + 1))
-    for s in l1:
-        assert abs(l1[s] - l2[s]) <= 1e-5 * abs(l1[s]), s
-    w1, w2 = safetensors_io.load(one / "final.safetensors"), safetensors_io.load(two / "final.safetensors")
-    for k in w1:   # the same bound as one micro-step per rank (above), for the same reason
-        torch.testing.assert_close(w1[k], w2[k], atol=5e-5, rtol=1e-4)
+    assert_same_run(one, two, steps)
 
 
 def test_the_watchdog_sees_the_trainers_code_through_torchrun(demo_data, tmp_path):

@@ -183,7 +183,7 @@ def test_a_detached_run_does_not_notice_its_terminal_closing(demo_data, tmp_path
     term = Terminal([sys.executable, "-m", "x1_pretrain.watchdog", "--detach", "--log-file", str(log), "--",
                      *train_cmd(demo_data, ckpt, 4, log_every=2)])
     assert term.proc.wait(timeout=60) == 0
-    wait_until(lambda: "kill -TERM" in term.output(), timeout=10)
+    assert wait_until(lambda: "kill -TERM" in term.output(), timeout=10)
     said = term.output()
     pid = int(said.split("as pid ")[1].split(",")[0])
     assert f"tail -f {log}" in said and f"kill -TERM {pid}" in said
@@ -221,6 +221,26 @@ def test_a_crash_loop_is_not_relaunched_forever(tmp_path):
     assert [e["event"] for e in events][-2:] == ["crash_loop", "still_billing"]
 
 
+def test_a_stop_during_the_backoff_is_not_relaunched_and_says_the_machine_bills(tmp_path):
+    """SIGTERM while the watchdog waits 60 s before a relaunch: it ends the wait at once, starts nothing, exits
+    75 and records that nothing runs."""
+    events = tmp_path / "events.jsonl"
+    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "60", "--events-file", str(events), "--",
+           *fake_trainer(tmp_path, [1, 0])]
+    proc = start(cmd, tmp_path / "out.log")
+    try:
+        wait_for(lambda: "relaunching with --resume-from-latest in 60.0 s" in (tmp_path / "out.log").read_text(),
+                 proc=proc, timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 75      # the backoff's 60 s were not waited out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(calls(tmp_path)) == 1
+    kinds = [json.loads(line)["event"] for line in events.read_text().splitlines()]
+    assert kinds[-1] == "still_billing" and "relaunched" not in kinds
+
+
 def test_a_crash_loop_is_two_starts_at_the_same_step_with_no_new_checkpoint(tmp_path):
     """Crashes at other steps, or with a new checkpoint between them, are relaunched (with the backoff) up to
     --max-restarts; only a start that ends where the previous one ended, on the same checkpoint, is a loop."""
@@ -250,6 +270,17 @@ def test_an_ending_that_leaves_the_machine_billing_alerts_with_the_rate(tmp_path
     assert f"still bills (exit {code})" in text and "$1.10/h ($26.40 a day)" in text
 
 
+def lambda_api(tmp_path, monkeypatch) -> tuple[JsonServer, list[str]]:
+    """A Lambda API on 127.0.0.1 with one instance (inst-a), and the watchdog flags that end its bill."""
+    api = JsonServer()
+    api.route("/api/v1/instances", {"data": [{"id": "inst-a", "status": "active", "instance_type": {
+        "name": "gpu_1x_a100", "price_cents_per_hour": 110}}]})
+    api.route("/api/v1/instance-operations/terminate", {"data": {"terminated_instances": [{"id": "inst-a"}]}})
+    monkeypatch.setenv("LAMBDA_API_KEY", "sk-test")
+    return api, ["--terminate-on-exit", "lambda", "--provider-base-url", api.base, "--export-to",
+                 str(tmp_path / "out")]
+
+
 def test_terminate_on_exit_after_a_crash_loop_ends_the_run_at_its_checkpoint_exports_and_terminates(
         demo_data, tmp_path, monkeypatch):
     """A real run's checkpoints, then a trainer that crashes twice at the same place: with --terminate-on-exit
@@ -265,12 +296,7 @@ def test_terminate_on_exit_after_a_crash_loop_ends_the_run_at_its_checkpoint_exp
     client.set_terminated(run.info.run_id, "FAILED")      # as a crashed trainer leaves it
     (ckpt / ck.FINAL_MODEL).unlink()
     (ckpt / "exit_status.json").unlink()
-    api = JsonServer()
-    api.route("/api/v1/instances", {"data": [{"id": "inst-a", "status": "active", "instance_type": {
-        "name": "gpu_1x_a100", "price_cents_per_hour": 110}}]})
-    api.route("/api/v1/instance-operations/terminate", {"data": {"terminated_instances": [{"id": "inst-a"}]}})
-    monkeypatch.setenv("LAMBDA_API_KEY", "sk-test")
-    end = ["--terminate-on-exit", "lambda", "--provider-base-url", api.base, "--export-to", str(tmp_path / "out")]
+    api, end = lambda_api(tmp_path, monkeypatch)
     try:
         assert run_watchdog(fake_trainer(tmp_path, [1, 1], places=[(5, 4), (5, 4)]), *end) == 1
         assert api.bodies("/api/v1/instance-operations/terminate") == [{"instance_ids": ["inst-a"]}]
@@ -325,12 +351,7 @@ def _budget(path, spent: float) -> None:
 
 
 def test_the_watchdog_ends_the_bill_only_when_the_run_is_over(tmp_path, monkeypatch):
-    api = JsonServer()
-    api.route("/api/v1/instances", {"data": [{"id": "inst-a", "status": "active", "instance_type": {
-        "name": "gpu_1x_a100", "price_cents_per_hour": 110}}]})
-    api.route("/api/v1/instance-operations/terminate", {"data": {"terminated_instances": [{"id": "inst-a"}]}})
-    monkeypatch.setenv("LAMBDA_API_KEY", "sk-test")
-    end = ["--terminate-on-exit", "lambda", "--provider-base-url", api.base, "--export-to", str(tmp_path / "out")]
+    api, end = lambda_api(tmp_path, monkeypatch)
     try:
         # a crash loop with nothing to export: the instance stays (its disk may hold the only copy) and says so
         assert run_watchdog(fake_trainer(tmp_path, [1, 1], progress=False), *end) == 1

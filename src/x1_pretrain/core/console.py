@@ -5,7 +5,7 @@ hung-up terminal, EPIPE on a gone reader). A ``print`` that raises there would k
 moment: the watchdog before it forwards the stop, the trainer before its stop checkpoint. Inside
 :func:`guarded_console` the standard streams are wrapped: the first write or flush that fails moves the
 stream's descriptor onto the log file (``X1_LOG_FILE`` or the path given) or, without one, onto
-``/dev/null``. The failed text is written again there, and everything later (C extensions, child processes that
+``/dev/null``. What the stream's buffer holds is flushed there, and everything later (C extensions, child processes that
 inherit the descriptor, Python's own flush at exit) goes there too. Output is dropped, never the run.
 """
 
@@ -55,9 +55,11 @@ class _Resilient:
         try:
             return self._stream.write(text)
         except OSError:
+            # The buffer below already holds what failed to go out: a flush sends it to the new descriptor (a
+            # second write of ``text`` would print it twice). Text that never reached the buffer is dropped.
             self._divert()
             with contextlib.suppress(OSError, ValueError):
-                return self._stream.write(text)
+                self._stream.flush()
             return len(text)
 
     def writelines(self, lines: Any) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Exit codes of the CLIs. The watchdog relaunches EXIT_INTERRUPTED, EXIT_CHECKPOINT_FAILED and EXIT_UNEXPECTED.
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
@@ -13,6 +15,46 @@ EXIT_SLOW = 6
 EXIT_CHECKPOINT_FAILED = 7  # the final or the stop checkpoint could not be written (the last good one stays)
 EXIT_INTERRUPTED = 75
 EXIT_ABORTED = 130  # a second SIGINT: stopped at once, no checkpoint
+
+
+@dataclass(frozen=True)
+class ExitCode:
+    code: int
+    short: str           # in the watchdog's one-line messages
+    meaning: str
+    relaunched: bool     # by the watchdog (and SkyPilot's recovery)
+
+
+# The one table of what the trainer's exit codes mean: `train --help`, the watchdog's policy and messages use it;
+# README's table and the docs are checked against it (tests/core/test_errors.py).
+EXIT_CODES = (
+    ExitCode(EXIT_OK, "finished", "finished", False),
+    ExitCode(EXIT_UNEXPECTED, "unexpected failure", "unexpected failure (a bug, a crash)", True),
+    ExitCode(EXIT_USAGE, "bad usage/config/data",
+             "bad usage, config or data (the message names the key or file and the fix)", False),
+    ExitCode(EXIT_BUDGET_CHECKPOINT, "budget stop (checkpointed)",
+             "budget stop with a checkpoint (projected total above the cap, spend unknown too long, or launch "
+             "refused)", False),
+    ExitCode(EXIT_BUDGET_NOW, "budget stop (no checkpoint)",
+             "budget stop without a checkpoint (spent above the cap)", False),
+    ExitCode(EXIT_DIVERGED, "diverged",
+             "diverged: NaN/Inf loss or grad norm (no checkpoint written from those weights)", False),
+    ExitCode(EXIT_SLOW, "throughput below floor",
+             "throughput below --min-tokens-per-s (in the first --min-tokens-per-s-window minutes)", False),
+    ExitCode(EXIT_CHECKPOINT_FAILED, "the final or stop checkpoint could not be written (the last good one is kept)",
+             "the final or the stop checkpoint could not be written (a full disk); the last complete one stays "
+             "latest", True),
+    ExitCode(EXIT_INTERRUPTED, "interrupted after a checkpoint",
+             "interrupted by SIGTERM/SIGINT/SIGHUP (a closed terminal) after a clean checkpoint", True),
+    ExitCode(EXIT_ABORTED, "aborted by a second SIGINT", "aborted by a second SIGINT (no checkpoint)", False),
+)
+MEANINGS = {e.code: e.short for e in EXIT_CODES}
+
+
+def exit_code_help(short: bool = False) -> str:
+    """The exit-code lines of a command's --help (the trainer's; ``short`` for the watchdog's)."""
+    return "Exit codes of train (the watchdog relaunches those marked *):\n" + "\n".join(
+        f"  {e.code:>3}{'*' if e.relaunched else ' '} {e.short if short else e.meaning}" for e in EXIT_CODES)
 
 
 class X1Error(Exception):

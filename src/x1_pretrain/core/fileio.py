@@ -1,9 +1,11 @@
-"""Small file helpers shared by every writer: hashing, fsync of directories, atomic text writes."""
+"""Small file and process helpers shared by every writer: hashing, fsync of directories, atomic text writes, a
+finished folder renamed into place, whether a process is alive."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -46,3 +48,27 @@ def write_text_atomic(path: Path, text: str) -> None:
     finally:
         tmp.unlink(missing_ok=True)  # only left when the write failed
     fsync_dir(path.parent)
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Rename the finished folder ``tmp`` to ``final``. An existing ``final`` is moved aside first and removed
+    only after the rename, so at every moment one complete folder carries the name (or none did before)."""
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

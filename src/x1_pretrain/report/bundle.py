@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import X1Error
-from ..core.fileio import fsync_dir, fsync_tree, sha256_file
+from ..core.fileio import fsync_dir, fsync_tree, replace_dir, sha256_file
 from . import manifest as mf
 from . import plots, runs
 
@@ -58,7 +58,7 @@ def write_bundle(out: Path, fill: Any, overwrite: bool) -> None:
         raise X1Error(f"--output {out} already holds an exported run (manifest.json); pass --overwrite to replace "
                       "it (other files there, like spike-postmortem.md, are kept) or choose another directory")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp, old = out.parent / f".{out.name}.tmp-{os.getpid()}", out.parent / f".{out.name}.old-{os.getpid()}"
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -68,14 +68,11 @@ def write_bundle(out: Path, fill: Any, overwrite: bool) -> None:
                 if item.name not in BUNDLE_FILES:
                     (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
         fsync_tree(tmp)
-        if out.exists():
-            os.rename(out, old)
-        os.rename(tmp, out)
+        replace_dir(tmp, out)
         fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def export(args: argparse.Namespace) -> Path:

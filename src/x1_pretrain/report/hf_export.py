@@ -13,7 +13,7 @@ from typing import Any
 from .. import __version__
 from ..core import safetensors_io as st
 from ..core.errors import X1Error
-from ..core.fileio import fsync_tree
+from ..core.fileio import fsync_tree, replace_dir
 from .ckpt_source import Source, load_model
 
 # transformers 5.x disables itself below torch 2.6 ("PyTorch >= 2.6 is required"); the 4.x line up to 4.57 loads
@@ -56,17 +56,6 @@ def _check_output(output: Path, overwrite: bool) -> None:
                       "or choose a new folder")
 
 
-def _place(tmp: Path, output: Path) -> None:
-    """Rename the finished temporary folder to ``output``, replacing an old one only after it is complete."""
-    if output.is_dir():
-        old = output.with_name(f".{output.name}.old-{os.getpid()}")
-        os.rename(output, old)
-        os.rename(tmp, output)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, output)
-
-
 def export(src: Source, output: Path, tokenizer_file: str | None = None, with_tokenizer: bool = True,
            overwrite: bool = False, log: Any = print) -> dict[str, Any]:
     """Write the folder; returns the provenance record written as ``x1_export.json``."""
@@ -99,7 +88,7 @@ def export(src: Source, output: Path, tokenizer_file: str | None = None, with_to
         }
         _write_json(tmp / "x1_export.json", record)
         fsync_tree(tmp)
-        _place(tmp, output)
+        replace_dir(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -29,7 +29,7 @@ import torch
 from ..core import safetensors_io
 from ..core.errors import X1Error
 from ..core.fileio import fsync_dir as _fsync_dir
-from ..core.fileio import sha256_file, write_text_atomic
+from ..core.fileio import pid_alive, replace_dir, sha256_file, write_text_atomic
 
 STEP_RE = re.compile(r"^step_(\d{7})$")
 MODEL_FILE, OPTIM_FILE, STATE_FILE, DONE_FILE, PIN_FILE = (
@@ -100,13 +100,7 @@ def write_step_dir(ckpt_dir: Path, snap: Snapshot) -> tuple[Path, int]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write (a full disk) leaves nothing half-written behind
         raise
-    if final.exists():  # the same step saved again (e.g. a stop right after a periodic save)
-        old = ckpt_dir / f".{final.name}.old-{os.getpid()}"
-        os.rename(final, old)
-        os.rename(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
+    replace_dir(tmp, final)   # the same step may be saved again (e.g. a stop right after a periodic save)
     _fsync_dir(ckpt_dir)
     write_text_atomic(ckpt_dir / LATEST, final.name + "\n")
     size = sum(p.stat().st_size for p in final.iterdir())
@@ -160,18 +154,11 @@ def prune(ckpt_dir: Path, keep_last: int) -> list[Path]:
         removed.append(p)
     for stale in ckpt_dir.glob(".step_*.tmp-*"):  # left by a process killed mid-write
         pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     return removed
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

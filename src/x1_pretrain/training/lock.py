@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import X1Error
+from ..core.fileio import pid_alive
 
 LOCK_FILE = "trainer.lock"
 
@@ -33,13 +34,7 @@ def _describe(holder: dict[str, Any]) -> str:
 def _alive_here(holder: dict[str, Any]) -> bool:
     if holder.get("host") != socket.gethostname() or not isinstance(holder.get("pid"), int):
         return False
-    try:
-        os.kill(holder["pid"], 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(holder["pid"])
 
 
 class RunLock:

@@ -42,6 +42,7 @@ class LoopState:
     last_loss: float = float("nan")
     last_val_loss: float = float("nan")
     last_step_s: float = float("nan")  # duration of the latest step (not saved)
+    last_eval_step: int = -1           # the step the val loss was last measured at (not saved)
 
 
 @dataclass
@@ -257,7 +258,8 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
         metrics: dict[str, float] = {"train/loss": loss, "train/grad_norm": grad_norm,
                                      "train/lr": lr}
         end = run.end_step
-        if done % cfg.log_every == 0 or done == 1 or done == end:
+        logged = done % cfg.log_every == 0 or done == 1 or done == end
+        if logged:
             _log_step(run, state, meter, metrics, dt)
         verdict = floor.check(run, state, meter, metrics)
 
@@ -278,6 +280,8 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
             return _end(run, state, outcome, checkpoint=bool(want_ckpt), final=code == EXIT_BUDGET_CHECKPOINT)
 
         _agree_end(run, done)
+        if run.end_step <= done and not logged:   # the fit pulled the end to this step: it is the last, log it
+            _log_step(run, state, meter, metrics, dt)
         periodic = run.checkpointer.due(done, cfg.ckpt_every, cfg.ckpt_every_min) \
             if run.checkpointer is not None and done < run.end_step else None
         if run.checkpointer is not None and periodic:
@@ -295,7 +299,8 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
                 run.console(f"clean stop {run.clock() - run.stop.requested_at:.2f} s after {why}")
             return outcome
 
-    _eval_and_log(run, state)
+    if state.last_eval_step != state.step:   # not evaluated at this step already (an end the fit pulled here)
+        _eval_and_log(run, state)
     why = "finished" if run.end_step == cfg.total_steps else \
         f"finished at the end the budget fitted (step {run.end_step} of at most {cfg.total_steps})"
     return _end(run, state, Outcome(EXIT_OK, why, state.step), checkpoint=True, final=True)
@@ -387,7 +392,7 @@ def _agree_end(run: Run, next_step: int) -> None:
 
 def _eval_and_log(run: Run, state: LoopState) -> None:
     val = evaluate(run)
-    state.last_val_loss = val
+    state.last_val_loss, state.last_eval_step = val, state.step
     if run.tracker is not None:
         run.tracker.log_metrics(state.step, {"val/loss": val})
     run.console(f"step {state.step:>7} | val loss {val:.4f}")

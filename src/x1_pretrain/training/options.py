@@ -12,14 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from ..budget.money import DEFAULT_MFU, DEFAULT_RESERVE_MIN
+from ..core.errors import exit_code_help
 from ..core.names import EXPERIMENT
 
 DESCRIPTION = """Pretrain the model: python -m x1_pretrain.train --config configs/x1-50m-a100.yaml --data-dir ...
 
-Exit codes: 0 finished · 2 bad usage/config/data · 3 budget stop with checkpoint · 4 budget stop
-without checkpoint · 5 diverged (NaN/Inf) · 6 throughput below --min-tokens-per-s · 75 interrupted
-(SIGTERM/SIGINT) after a clean checkpoint · 1 anything unexpected.
-"""
+""" + exit_code_help()
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,6 @@
 """One trainer process from options to exit code: config → device → launch gate → signals → build → loop.
 
-Exit codes: 0 finished · 2 bad usage/config/data · 3 budget stop with checkpoint · 4 budget stop without
-checkpoint · 5 diverged · 6 throughput below the floor · 7 the final or stop checkpoint could not be written ·
-75 interrupted after a clean checkpoint · 130 a second SIGINT · 1 anything unexpected.
+Exit codes: the table ``core.errors.EXIT_CODES`` (``train --help`` prints it).
 """
 
 from __future__ import annotations
@@ -121,7 +119,7 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
 
 
 def end_at_last_checkpoint(ckpt_dir: Path, mlflow_uri: str | None, why: str, log: Log,
-                           experiment: str | None = None) -> bool:
+                           experiment: str | None = None, exit_code: int = EXIT_BUDGET_CHECKPOINT) -> bool:
     """End a run where it stands, like a budget stop mid-run: the final files from the newest complete
     checkpoint, and its MLflow run FINISHED with ``why`` (so export_run works). Used for a launch refused on a
     resumed run and by the watchdog before it terminates a crash-looped run. False when there is no checkpoint."""
@@ -141,7 +139,7 @@ def end_at_last_checkpoint(ckpt_dir: Path, mlflow_uri: str | None, why: str, log
         uri, _ = resolve_uri(mlflow_uri, ckpt_dir)
         tracker = MlflowTracker(uri, None, "", run_id=str(run_id), experiment=experiment or EXPERIMENT)
         tag_final(tracker, ckpt_dir, found.path, hashes)
-        tracker.set_tags({"end_reason": why[:4000], "exit_code": EXIT_BUDGET_CHECKPOINT})
+        tracker.set_tags({"end_reason": why[:4000], "exit_code": exit_code})
         tracker.close("FINISHED", timeout_s=20.0, spill_dir=ckpt_dir)
     except (OSError, ValueError) as e:
         print(f"warning: the final files could not be written from {found.path} ({e}); export_run --ckpt-dir "

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..core.fileio import pid_alive
+
 
 def install_signal_handlers(stop: Any) -> Callable[[], None]:
     """SIGTERM/SIGINT/SIGHUP (a closed terminal): finish the step, checkpoint, exit 75. A second SIGINT aborts
@@ -68,18 +70,9 @@ def watch_parent(stop: Any, every_s: float = 2.0) -> threading.Event | None:
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     done = threading.Event()
 
-    def alive() -> bool:
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-
     def run() -> None:
         while not done.wait(every_s):
-            if not alive() and stop.requested is None:
+            if not pid_alive(int(pid)) and stop.requested is None:
                 stop.requested = "the watchdog's end"
                 stop.requested_at = time.monotonic()
                 return

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import redact
-from ..core.names import EXPERIMENT
+from ..core.names import EXPERIMENT, default_mlflow_uri
 
 _MAX_BATCH = 1000        # MLflow's limit of metrics per log_batch
 _MAX_PARAMS = 100        # and of params
@@ -55,8 +55,7 @@ def resolve_uri(uri: str | None, ckpt_dir: Path) -> tuple[str, str | None]:
     """(tracking URI, artifact location for a new experiment). Default: sqlite beside the checkpoints."""
     if not uri:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        db = ckpt_dir.resolve() / "mlflow.db"
-        return f"sqlite:///{db}", (ckpt_dir.resolve() / "mlartifacts").as_uri()
+        return default_mlflow_uri(ckpt_dir), (ckpt_dir.resolve() / "mlartifacts").as_uri()
     if uri.startswith("file:") or "://" not in uri:
         if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true":
             os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,27 +26,23 @@ from ..core.console import LOG_FILE_ENV
 from ..core.errors import (
     EXIT_BUDGET_CHECKPOINT,
     EXIT_BUDGET_NOW,
-    EXIT_CHECKPOINT_FAILED,
+    EXIT_CODES,
     EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_UNEXPECTED,
+    MEANINGS,
 )
 from .checkpoint import EXIT_STATUS_ENV, read_exit_status, read_latest, read_progress, write_exit_status
 from .signals import WATCHDOG_PID_ENV
 
-RELAUNCH = {EXIT_INTERRUPTED, EXIT_UNEXPECTED, EXIT_CHECKPOINT_FAILED}
+RELAUNCH = {e.code for e in EXIT_CODES if e.relaunched}
 FOR_GOOD = {EXIT_OK, EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW}   # after these, --terminate-on-exit ends the bill
-MEANING = {0: "finished", 1: "unexpected failure", 2: "bad usage/config/data", 3: "budget stop (checkpointed)",
-           4: "budget stop (no checkpoint)", 5: "diverged", 6: "throughput below floor",
-           7: "the final or stop checkpoint could not be written (the last good one is kept)",
-           75: "interrupted after a checkpoint", 130: "aborted by a second SIGINT"}
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def describe_exit(code: int) -> str:
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
-    return MEANING.get(code, f"exit {code}")
+    return MEANINGS.get(code, f"exit {code}")
 
 
 def should_relaunch(code: int) -> bool:
@@ -136,7 +131,6 @@ class Watchdog:
         self.status_file = Path(tempfile.gettempdir()) / f"x1-watchdog-{os.getpid()}-exit.json"
         self.budget_kill: Decision | None = None
         self.ending: str | None = None    # CRASH_LOOP, GAVE_UP or STOPPED; None: the trainer's code says it
-        self._stop_during_backoff = threading.Event()
 
     def log(self, msg: str, **event: Any) -> None:
         """A console line (never raises: ``core.console`` diverts a closed terminal) and, with ``event``, a JSON
@@ -150,18 +144,35 @@ class Watchdog:
                 print(f"[watchdog] warning: cannot append to {self.opts.events_file} ({e})", file=sys.stderr)
 
     def _forward(self, signum: int, _frame: Any) -> None:
-        """The stop reaches the trainer first; only then is it logged (a closed terminal cannot stop it)."""
+        """A signal handler: it only records the stop and sends it on. The child may be between two starts, so
+        ``_launch`` sends a recorded stop again to the child it has just started. The note is a raw write (a
+        print here could land inside the main thread's own write to stderr), and a closed terminal cannot stop
+        it (OSError)."""
         first = self.stop_signal is None
         if first:
             self.stop_signal = signum
-        if self.child is not None and self.child.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
-        self._stop_during_backoff.set()
+        self._send_stop(signum)
         if first:
             how = " as SIGTERM (the terminal closed?)" if signum == signal.SIGHUP else ""
-            self.log(f"{signal.Signals(signum).name} received: forwarded to the trainer{how}; waiting for its "
-                     "checkpoint")
+            with contextlib.suppress(OSError):
+                os.write(2, f"[watchdog] {signal.Signals(signum).name} received: forwarded to the trainer{how}; "
+                            "waiting for its checkpoint\n".encode())
+
+    def _send_stop(self, signum: int) -> None:
+        child = self.child
+        if child is not None and child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM if signum == signal.SIGHUP else signum)
+
+    def _launch(self, cmd: list[str], restart_no: int) -> subprocess.Popen[bytes]:
+        """Start the trainer; a stop or a budget kill that came while it was starting reaches it too (a second
+        SIGTERM is harmless; a stored SIGINT is sent as SIGTERM, since two SIGINTs would abort)."""
+        self.child = child = self._start(cmd, restart_no)
+        if self.stop_signal is not None:
+            self._send_stop(signal.SIGTERM)
+        if self.budget_kill is not None:
+            self._end_group(child)
+        return child
 
     def _start(self, cmd: list[str], restart_no: int) -> subprocess.Popen[bytes]:
         env = {**os.environ, "X1_RESTART_COUNT": str(restart_no), EXIT_STATUS_ENV: str(self.status_file),
@@ -202,6 +213,10 @@ class Watchdog:
         child = self.child
         self.log(f"budget: {decision.reason} (read by the watchdog itself): ending the trainer's process group",
                  event="budget_kill", spent_usd=decision.spent_usd)
+        self._end_group(child)
+
+    def _end_group(self, child: subprocess.Popen[bytes] | None) -> None:
+        """SIGTERM (and SIGCONT) to the trainer's process group, SIGKILL after the kill grace."""
         if child is None or child.poll() is not None:
             return
         for sig in (signal.SIGTERM, signal.SIGCONT):  # SIGCONT: a stopped trainer must see the SIGTERM
@@ -241,14 +256,14 @@ class Watchdog:
         end = self.opts.end_of_bill
         if end is not None and self.stop_signal is None and (code in FOR_GOOD or self.ending in (CRASH_LOOP, GAVE_UP)):
             if self.ending in (CRASH_LOOP, GAVE_UP):
-                self._end_at_last_checkpoint()
+                self._end_at_last_checkpoint(code)
             end_the_bill(end, code, self.log, self.opts.alerter)   # it alerts what it did, or that it could not
             return
         if code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
             return   # a budget stop: its alert (the trainer's or the watchdog's) says to terminate the instance
         self._alert_still_billing(code)
 
-    def _end_at_last_checkpoint(self) -> None:
+    def _end_at_last_checkpoint(self, code: int) -> None:
         """Before terminating after a crash loop or the restart limit: the run ends at its newest complete
         checkpoint (final files, the MLflow run FINISHED with the reason), so export_run can save it."""
         from .session import end_at_last_checkpoint
@@ -256,7 +271,8 @@ class Watchdog:
         why = f"the watchdog gave up ({self.ending.replace('_', ' ') if self.ending else 'ended'}): the run ends at " \
               "its last complete checkpoint"
         try:
-            end_at_last_checkpoint(self.ckpt_dir, self.opts.mlflow_uri, why, self.log)
+            end_at_last_checkpoint(self.ckpt_dir, self.opts.mlflow_uri, why, self.log,
+                                   flag_of(self.cmd, "--experiment"), code)
         except Exception as e:  # the export that follows will fail and say so; never lose the alert
             self.log(f"the run could not be ended at its last checkpoint ({type(e).__name__}: {e})")
 
@@ -292,7 +308,10 @@ class Watchdog:
         cmd, pending, exited_at, failures, previous = self.cmd, None, 0.0, 0, None
         while True:
             started_at = time.time()
-            self.child = self._start(cmd, len(self.restarts))
+            if self.stop_signal is not None or self.budget_kill is not None:   # came during the backoff
+                self.log("stop requested during the backoff; not relaunching")
+                return self._stopped_between_starts()
+            self._launch(cmd, len(self.restarts))
             if pending is not None:
                 pending.downtime_s = round(time.time() - exited_at, 3)
                 pending.relaunch_latency_s = lat = self._latency(self.child, started_at, exited_at)
@@ -317,12 +336,22 @@ class Watchdog:
             previous = now
             failures = failures + 1 if code != EXIT_INTERRUPTED else 0
             pending = self._record_restart(code, now, failures)
-            if self._stop_during_backoff.wait(pending.backoff_s) or self.stop_signal is not None \
-                    or self.budget_kill is not None:
-                self.log("stop requested during the backoff; not relaunching")
-                self.ending = None if self.budget_kill is not None else STOPPED
-                return EXIT_BUDGET_NOW if self.budget_kill is not None else EXIT_INTERRUPTED
+            self._backoff(pending.backoff_s)
             cmd = with_resume(self.cmd)
+
+    def _backoff(self, seconds: float) -> None:
+        """Wait before a relaunch; a stop or a budget kill ends the wait early."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self.stop_signal is None and self.budget_kill is None:
+            time.sleep(min(0.05, max(deadline - time.monotonic(), 0.0)))
+
+    def _stopped_between_starts(self) -> int:
+        """No trainer runs: a budget kill ends like one that ended a trainer (exit status, alert, 4), a signal as
+        a stop (75)."""
+        if self.budget_kill is not None:
+            return self._final(EXIT_BUDGET_NOW) or EXIT_BUDGET_NOW
+        self.ending = STOPPED
+        return EXIT_INTERRUPTED
 
     def _final(self, code: int) -> int | None:
         """The exit code to leave with, or None to consider a relaunch."""
