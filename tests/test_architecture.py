@@ -198,3 +198,23 @@ def test_small_shared_pieces_exist_once():
     assert [p.name for p, t in text.items() if "mlflow.db" in t.replace("<ckpt-dir>/mlflow.db", "")] == ["names.py"]
     renames = [p.name for p, t in text.items() if ".old-{os.getpid()}" in t]
     assert renames == ["fileio.py"], renames
+
+
+def test_metric_names_are_constants_and_every_name_read_is_written():
+    """Metric names live in core/names.py only; a name the report reads must be one the trainer writes (a typo
+    would otherwise give an empty series and no error)."""
+    from x1_pretrain.core import names
+
+    literal = re.compile(r"""["'](?:train|val|budget|checkpoint|spike|run)/[a-z0-9_]+["']""")
+    bare = [f"{p.relative_to(PKG)}: {m.group(0)}" for p in FILES if p.name != "names.py"
+            for m in literal.finditer(p.read_text())]
+    assert not bare, f"use the constants of core/names.py: {bare}"
+    used = {p: set(re.findall(r"\bN\.([A-Z][A-Z0-9_]+)\b", p.read_text())) for p in FILES}
+    for p, refs in used.items():
+        unknown = [r for r in refs if not hasattr(names, r)]
+        assert not unknown, f"{p.name}: {unknown}"
+    written = set().union(*(r for p, r in used.items() if p.parent.name in ("training", "budget")))
+    read = set().union(*(r for p, r in used.items() if p.parent.name == "report"))
+    assert read <= written, f"read but never written: {sorted(read - written)}"
+    constants = {k for k, v in vars(names).items() if isinstance(v, str) and v in names.METRICS}
+    assert constants <= written, f"defined but never written: {sorted(constants - written)}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from ..core import names as N
 from .guard import Decision, Limits, Memory, Progress, Reading, decide
 from .ledger import Ledger, memory_to_json
 from .source import read_source
@@ -101,8 +102,8 @@ class BudgetMonitor:
         for w in decision.warnings:
             self._fx.log(f"budget warning: {w}")
         if self._fx.metrics is not None:
-            values = {k: v for k, v in (("budget/spent_usd", decision.spent_usd),
-                                        ("budget/projected_usd", decision.projected_usd)) if v is not None}
+            values = {k: v for k, v in ((N.BUDGET_SPENT_USD, decision.spent_usd),
+                                        (N.BUDGET_PROJECTED_USD, decision.projected_usd)) if v is not None}
             if values:
                 self._fx.metrics(self.steps_done, values)
         spent = f"${decision.spent_usd:.2f}" if decision.spent_usd is not None else "unknown"

@@ -10,3 +10,65 @@ EXPERIMENT = "x1-pretraining"   # the MLflow experiment a run logs to unless --e
 def default_mlflow_uri(ckpt_dir: Path) -> str:
     """The trainer's MLflow store when no --mlflow-uri is given: sqlite beside the checkpoints."""
     return f"sqlite:///{ckpt_dir.resolve() / 'mlflow.db'}"
+
+
+# Metric names (section/name_unit): the trainer writes them, the report and the tests read them; a reader
+# that asks for a name nobody writes is caught by tests/test_architecture.py. Use these, never the strings.
+BUDGET_DECAY_START_STEP = "budget/decay_start_step"
+BUDGET_PLANNED_END_STEP = "budget/planned_end_step"
+BUDGET_PROJECTED_USD = "budget/projected_usd"
+BUDGET_SPENT_USD = "budget/spent_usd"
+CHECKPOINT_FAILED = "checkpoint/failed"
+CHECKPOINT_MB_PER_S = "checkpoint/mb_per_s"
+CHECKPOINT_SAVE_S = "checkpoint/save_s"
+CHECKPOINT_SIZE_MB = "checkpoint/size_mb"
+RUN_RESTARTS = "run/restarts"
+SPIKE_BASELINE_LOSS = "spike/baseline_loss"
+SPIKE_CLIPPED = "spike/clipped"
+SPIKE_DETECTED = "spike/detected"
+SPIKE_GRAD_NORM = "spike/grad_norm"
+SPIKE_INJECTED = "spike/injected"
+SPIKE_LOSS = "spike/loss"
+SPIKE_UPDATE_SKIPPED = "spike/update_skipped"
+TRAIN_FIRST_STEP_S = "train/first_step_s"
+TRAIN_GRAD_NORM = "train/grad_norm"
+TRAIN_LOSS = "train/loss"
+TRAIN_LR = "train/lr"
+TRAIN_MFU = "train/mfu"
+TRAIN_MFU_LAB_6N = "train/mfu_lab_6n"
+TRAIN_PARAM_NORM = "train/param_norm"
+TRAIN_PEAK_MEM_GIB = "train/peak_mem_gib"
+TRAIN_STEP_TIME_S = "train/step_time_s"
+TRAIN_TOKENS_PER_S = "train/tokens_per_s"
+TRAIN_TOKENS_SEEN = "train/tokens_seen"
+VAL_LOSS = "val/loss"
+METRICS = frozenset({
+    BUDGET_DECAY_START_STEP,
+    BUDGET_PLANNED_END_STEP,
+    BUDGET_PROJECTED_USD,
+    BUDGET_SPENT_USD,
+    CHECKPOINT_FAILED,
+    CHECKPOINT_MB_PER_S,
+    CHECKPOINT_SAVE_S,
+    CHECKPOINT_SIZE_MB,
+    RUN_RESTARTS,
+    SPIKE_BASELINE_LOSS,
+    SPIKE_CLIPPED,
+    SPIKE_DETECTED,
+    SPIKE_GRAD_NORM,
+    SPIKE_INJECTED,
+    SPIKE_LOSS,
+    SPIKE_UPDATE_SKIPPED,
+    TRAIN_FIRST_STEP_S,
+    TRAIN_GRAD_NORM,
+    TRAIN_LOSS,
+    TRAIN_LR,
+    TRAIN_MFU,
+    TRAIN_MFU_LAB_6N,
+    TRAIN_PARAM_NORM,
+    TRAIN_PEAK_MEM_GIB,
+    TRAIN_STEP_TIME_S,
+    TRAIN_TOKENS_PER_S,
+    TRAIN_TOKENS_SEEN,
+    VAL_LOSS,
+})

@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..core import names as N
 from ..core.errors import X1Error
 from ..core.fileio import fsync_dir, fsync_tree, replace_dir, sha256_file
 from . import manifest as mf
@@ -35,16 +36,16 @@ def _of(points: list[runs.MetricPoint], name: str) -> list[runs.MetricPoint]:
 
 def draw(points: list[runs.MetricPoint], run: runs.RunRecord, manifest: dict[str, Any], out: Path) -> None:
     name = run.run_name or run.run_id[:8]
-    val = _of(points, "val/loss")
+    val = _of(points, N.VAL_LOSS)
     band = LAB_VAL_BAND if val and val[-1].value < LAB_VAL_BAND[1] + 1.0 else None
-    plots.loss_curve(_of(points, "train/loss"), val, out / "loss-curve.png",
+    plots.loss_curve(_of(points, N.TRAIN_LOSS), val, out / "loss-curve.png",
                      f"{name}: train and val loss", band)
     clip = (manifest["config"].get("optim") or {}).get("grad_clip")
-    plots.gradnorm_curve(_of(points, "train/grad_norm"), _of(points, "train/param_norm"),
+    plots.gradnorm_curve(_of(points, N.TRAIN_GRAD_NORM), _of(points, N.TRAIN_PARAM_NORM),
                          out / "gradnorm-curve.png", f"{name}: gradient and parameter norms", clip)
     tps = manifest["throughput"]["mean_tokens_per_s"]
     start = run.start_ms or min(p.timestamp_ms for p in points)
-    plots.throughput(_of(points, "train/tokens_per_s"), _of(points, "run/restarts"), start,
+    plots.throughput(_of(points, N.TRAIN_TOKENS_PER_S), _of(points, N.RUN_RESTARTS), start,
                      out / "throughput.png",
                      f"{name}: throughput" + (f" (mean {tps:,.0f} tokens/s)" if tps else ""))
 

@@ -22,6 +22,7 @@ from ..budget.guard import format_time, parse_time
 from ..budget.ledger import LEDGER_FILE
 from ..budget.ledger import read as read_ledger
 from ..budget.source import read_source
+from ..core import names as N
 from ..core import redact
 from ..core.config import ModelConfig
 from ..core.errors import X1Error
@@ -200,9 +201,9 @@ def _throughput(run: RunRecord, points: list[MetricPoint], state: dict[str, Any]
     tps = tokens / secs if secs > 0 else None
     device = run.tags.get("device") or ""
     peak = None if device.startswith("cpu") else flops.peak_tflops(device)
-    logged_mfu = _mean(_of(points, "train/mfu"))
+    logged_mfu = _mean(_of(points, N.TRAIN_MFU))
     if peak is None and logged_mfu and tps:  # an unlisted GPU run with --peak-tflops: recover the peak
-        mean_logged = _mean(_of(points, "train/tokens_per_s")) or tps
+        mean_logged = _mean(_of(points, N.TRAIN_TOKENS_PER_S)) or tps
         peak = mean_logged * fpt.honest / (logged_mfu * 1e12 * world)
 
     def util(f: int) -> float | None:
@@ -213,7 +214,7 @@ def _throughput(run: RunRecord, points: list[MetricPoint], state: dict[str, Any]
                       "PaLM count; the lab's 6N (non-embedding) figure is shown beside it, labelled",
         "flops_per_token": {"honest": fpt.honest, "lab_6n": fpt.lab_6n},
         "mean_tokens_per_s": tps, "mean_tokens_per_s_basis": "tokens seen / time inside optimizer steps",
-        "mean_logged_tokens_per_s": _mean(_of(points, "train/tokens_per_s")),
+        "mean_logged_tokens_per_s": _mean(_of(points, N.TRAIN_TOKENS_PER_S)),
         "peak_tflops_per_device": peak, "devices": world,
         "mfu": util(fpt.honest), "mfu_lab_6n": util(fpt.lab_6n), "mean_logged_mfu": logged_mfu,
         "mfu_note": None if peak else f"no bf16 peak is known for {device or 'this device'}: MFU not reported",
@@ -248,10 +249,10 @@ def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], rep
     versions = dict(state.get("versions") or {})
     versions["x1_pretrain_git_commit"] = run.tags.get("git_commit")
     config_file = run.tags.get("config_file")
-    restart_points = _of(points, "run/restarts")
+    restart_points = _of(points, N.RUN_RESTARTS)
     restarts = max([int(state.get("restarts") or 0), int(_finite(run.tags.get("restarts")) or 0),
                     *(int(p.value) for p in restart_points)])
-    val = _of(points, "val/loss")
+    val = _of(points, N.VAL_LOSS)
     elapsed = (run.end_ms - run.start_ms) / 1000 if run.end_ms and run.start_ms else None
     world = int(state.get("world_size") or 1)
     return {

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core import names as N
 from ..core.config import SpikeConfig
 from ..core.errors import X1Error
 from ..core.fileio import write_text_atomic
@@ -55,15 +56,15 @@ def spike_thresholds(params: dict[str, str]) -> SpikeConfig:
 
 
 def find_spike(points: list[runs.MetricPoint], thresholds: SpikeConfig, grad_clip: float) -> Spike | None:
-    injected = sorted(s for s, v in _series(points, "spike/injected").items() if v > 0)
+    injected = sorted(s for s, v in _series(points, N.SPIKE_INJECTED).items() if v > 0)
     if injected:
         return Spike("injected", "spike/injected metric (--inject-spike-at-step)", injected[0], injected[-1],
                      tuple(injected))
-    detected = sorted(s for s, v in _series(points, "spike/detected").items() if v > 0)
+    detected = sorted(s for s, v in _series(points, N.SPIKE_DETECTED).items() if v > 0)
     if detected:
         first = _clusters(detected)[0]
         return Spike("natural", "spike/detected metric (the trainer's detector)", first[0], first[-1], tuple(first))
-    loss, grad = _series(points, "train/loss"), _series(points, "train/grad_norm")
+    loss, grad = _series(points, N.TRAIN_LOSS), _series(points, N.TRAIN_GRAD_NORM)
     t = thresholds
     det = SpikeDetector(t.ema_alpha, t.warmup_steps, t.loss_sigma, t.min_loss_jump, t.grad_factor, t.grad_window)
     found = [s for s in sorted(loss) if det.observe(s, loss[s], grad.get(s, 0.0), grad_clip)]
@@ -123,8 +124,8 @@ def _fmt(v: float | None, digits: int = 4) -> str:
 
 def render(run: runs.RunRecord, spike: Spike, a: Analysis, points: list[runs.MetricPoint], grad_clip: float,
            thresholds: SpikeConfig, plot_name: str) -> str:
-    loss, grad = _series(points, "train/loss"), _series(points, "train/grad_norm")
-    val, lr = _series(points, "val/loss"), _series(points, "train/lr")
+    loss, grad = _series(points, N.TRAIN_LOSS), _series(points, N.TRAIN_GRAD_NORM)
+    val, lr = _series(points, N.VAL_LOSS), _series(points, N.TRAIN_LR)
     end = (a.recovered_at or spike.last + 20) + 3
     rows = [s for s in sorted(loss) if s < spike.first][-SHOW_BEFORE:] + \
         [s for s in sorted(loss) if spike.first <= s <= end]
@@ -208,7 +209,7 @@ def render(run: runs.RunRecord, spike: Spike, a: Analysis, points: list[runs.Met
 def plot(spike: Spike, a: Analysis, points: list[runs.MetricPoint], grad_clip: float, path: Path, title: str) -> None:
     from .plots import _pyplot, _save
 
-    loss, grad = _series(points, "train/loss"), _series(points, "train/grad_norm")
+    loss, grad = _series(points, N.TRAIN_LOSS), _series(points, N.TRAIN_GRAD_NORM)
     lo = spike.first - 30
     hi = (a.recovered_at or spike.last + 30) + 20
     xs = [s for s in sorted(loss) if lo <= s <= hi]
@@ -243,7 +244,7 @@ def write_postmortem(uri: str, run_id: str | None, experiment: str, output: Path
     points, _ = runs.dedupe(run.metrics)
     grad_clip = float(run.params.get("optim.grad_clip", "1.0"))
     thresholds = spike_thresholds(run.params)
-    if not _series(points, "train/loss"):
+    if not _series(points, N.TRAIN_LOSS):
         raise X1Error(f"run {run.run_id} has no train/loss metric; nothing to analyse")
     spike = find_spike(points, thresholds, grad_clip)
     if spike is None:
@@ -251,7 +252,7 @@ def write_postmortem(uri: str, run_id: str | None, experiment: str, output: Path
                       f"and none in the logged losses with loss_sigma {thresholds.loss_sigma:g}, min_loss_jump "
                       f"{thresholds.min_loss_jump:g} nats, grad_factor {thresholds.grad_factor:g} (grad_window "
                       f"{thresholds.grad_window}, warm-up {thresholds.warmup_steps} steps)")
-    a = analyse(spike, _series(points, "train/loss"), _series(points, "train/grad_norm"), grad_clip)
+    a = analyse(spike, _series(points, N.TRAIN_LOSS), _series(points, N.TRAIN_GRAD_NORM), grad_clip)
     output.parent.mkdir(parents=True, exist_ok=True)
     png = output.with_name("spike.png")
     tmp_png = png.with_name(f".{png.name}.tmp-{os.getpid()}.png")

@@ -29,6 +29,7 @@ from ..budget.ledger import Ledger
 from ..budget.money import steps_that_fit
 from ..budget.monitor import BudgetMonitor, Effects
 from ..budget.watcher import BudgetWatcher
+from ..core import names as N
 from ..core import redact
 from ..core.config import OptimConfig
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW
@@ -174,8 +175,8 @@ class BudgetControl:
                      f"; spent ${decision.spent_usd:.2f} of ${self.setup.limits.cap_usd:.2f} at "
                      f"${money.rate_usd_per_hr:.2f}/h, {step_s:.2f} s a step")
         if self.metrics is not None:
-            self.metrics(m.steps_done, {"budget/planned_end_step": float(preview.end_step),
-                                        "budget/decay_start_step": float(preview.decay_start)})
+            self.metrics(m.steps_done, {N.BUDGET_PLANNED_END_STEP: float(preview.end_step),
+                                        N.BUDGET_DECAY_START_STEP: float(preview.decay_start)})
         self.proposed_end = self._fitted = preview.end_step
 
     def exit_now(self, code: int, reason: str, spent: float | None) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from ..budget import alerts
 from ..budget.gate import expected_step_s
 from ..core import config as C
+from ..core import names as N
 from ..core import redact
 from ..core.env import machine, versions
 from ..core.errors import X1Error
@@ -185,7 +186,7 @@ def _tracker(ctx: Context, uri: str, artifact_location: str | None, resume: Resu
         tags["config_changed_on_resume"] = "; ".join(resume.changes)[:4000]
     tracker.set_tags(tags)
     if resume.found is not None:
-        tracker.log_metrics(resume.found.step, {"run/restarts": float(restarts())})
+        tracker.log_metrics(resume.found.step, {N.RUN_RESTARTS: float(restarts())})
         again = tracker.redeliver(ctx.ckpt_dir, resume.found.step)
         if again:
             log(f"MLflow: {again:,} metrics an earlier process could not deliver are being sent again")
@@ -278,7 +279,7 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
         latest = ck.read_latest(ctx.ckpt_dir)
         tracker.set_tags({"checkpoint_failed": f"{ck.step_dir_name(step)} ({reason}): {what}"[:4000],
                           "checkpoint_failures": checkpointer.failures})
-        tracker.log_metrics(step, {"checkpoint/failed": 1.0})
+        tracker.log_metrics(step, {N.CHECKPOINT_FAILED: 1.0})
         if alert is not None and first:   # one alert per episode; the next is when writes succeed again
             alert(f"x1 checkpoint {ck.step_dir_name(step)} FAILED in {ctx.ckpt_dir}",
                   f"The {reason} checkpoint of step {step} could not be written: {what}.\n"
@@ -292,8 +293,8 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
                   f"After {failed} failed attempt(s), the checkpoint of step {step} was written to {ctx.ckpt_dir}.")
 
     def on_saved(step: int, path: Path, secs: float, size: int) -> None:
-        tracker.log_metrics(step, {"checkpoint/save_s": secs, "checkpoint/mb_per_s": size / 1e6 / max(secs, 1e-9),
-                                   "checkpoint/size_mb": size / 1e6})
+        tracker.log_metrics(step, {N.CHECKPOINT_SAVE_S: secs, N.CHECKPOINT_MB_PER_S: size / 1e6 / max(secs, 1e-9),
+                                   N.CHECKPOINT_SIZE_MB: size / 1e6})
 
     def before_save() -> None:
         # Every metric up to a checkpoint is in the store before the checkpoint exists: a process killed

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..core import names as N
 from ..core.config import Config
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLOW
 from ..data.tokens import Batch
@@ -248,15 +249,15 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
         if meter.seen == 1:  # this process's first step: compilation and warm-up, worth knowing on a paid GPU
             run.console(f"first step of this process took {dt:.1f} s (compilation and warm-up included)")
             if run.tracker is not None:
-                run.tracker.log_metrics(state.step, {"train/first_step_s": dt})
+                run.tracker.log_metrics(state.step, {N.TRAIN_FIRST_STEP_S: dt})
         state.tokens_seen += tokens_per_step
         state.train_time_s += dt
         state.last_step_s = dt
         state.last_loss = loss
         done = state.step
 
-        metrics: dict[str, float] = {"train/loss": loss, "train/grad_norm": grad_norm,
-                                     "train/lr": lr}
+        metrics: dict[str, float] = {N.TRAIN_LOSS: loss, N.TRAIN_GRAD_NORM: grad_norm,
+                                     N.TRAIN_LR: lr}
         end = run.end_step
         logged = done % cfg.log_every == 0 or done == 1 or done == end
         if logged:
@@ -316,11 +317,11 @@ def _log_step(run: Run, state: LoopState, meter: Throughput, metrics: dict[str, 
     mfu = tps * run.flops_per_token / peak if peak else float("nan")
     mfu_lab = tps * run.lab_flops_per_token / peak if peak and run.lab_flops_per_token else float("nan")
     metrics.update({
-        "train/param_norm": param_norm(run.raw_model), "train/tokens_per_s": tps, "train/mfu": mfu,
-        "train/mfu_lab_6n": mfu_lab, "train/step_time_s": mean_dt, "train/tokens_seen": float(state.tokens_seen),
+        N.TRAIN_PARAM_NORM: param_norm(run.raw_model), N.TRAIN_TOKENS_PER_S: tps, N.TRAIN_MFU: mfu,
+        N.TRAIN_MFU_LAB_6N: mfu_lab, N.TRAIN_STEP_TIME_S: mean_dt, N.TRAIN_TOKENS_SEEN: float(state.tokens_seen),
     })
     if run.device.type == "cuda":   # the high-water mark of this process (allocated, not cached)
-        metrics["train/peak_mem_gib"] = torch.cuda.max_memory_allocated(run.device) / 2**30
+        metrics[N.TRAIN_PEAK_MEM_GIB] = torch.cuda.max_memory_allocated(run.device) / 2**30
     done, end = state.step, run.end_step
     if run.tracker is not None:
         run.tracker.log_metrics(done, dict(metrics))
@@ -330,8 +331,8 @@ def _log_step(run: Run, state: LoopState, meter: Throughput, metrics: dict[str, 
         mfu_s = f"MFU {mfu * 100:5.1f}% honest{lab}"
     else:
         mfu_s = "MFU n/a (no --peak-tflops)"
-    run.console(f"step {done:>7}/{end} | loss {metrics['train/loss']:7.4f} | lr {metrics['train/lr']:.2e} | "
-                f"grad {metrics['train/grad_norm']:7.3f} | {tps:10,.0f} tok/s | {mfu_s} | ETA {_fmt_eta(eta)}")
+    run.console(f"step {done:>7}/{end} | loss {metrics[N.TRAIN_LOSS]:7.4f} | lr {metrics[N.TRAIN_LR]:.2e} | "
+                f"grad {metrics[N.TRAIN_GRAD_NORM]:7.3f} | {tps:10,.0f} tok/s | {mfu_s} | ETA {_fmt_eta(eta)}")
 
 
 class ThroughputFloor:
@@ -346,7 +347,7 @@ class ThroughputFloor:
     def check(self, run: Run, state: LoopState, meter: Throughput,
               metrics: dict[str, float]) -> tuple[Outcome, bool] | None:
         cfg = run.cfg.train
-        tps = metrics.get("train/tokens_per_s")
+        tps = metrics.get(N.TRAIN_TOKENS_PER_S)
         if cfg.min_tokens_per_s is None or tps is None or not meter.warm or not run.world.main:
             return None
         if tps >= cfg.min_tokens_per_s:
@@ -394,7 +395,7 @@ def _eval_and_log(run: Run, state: LoopState) -> None:
     val = evaluate(run)
     state.last_val_loss, state.last_eval_step = val, state.step
     if run.tracker is not None:
-        run.tracker.log_metrics(state.step, {"val/loss": val})
+        run.tracker.log_metrics(state.step, {N.VAL_LOSS: val})
     run.console(f"step {state.step:>7} | val loss {val:.4f}")
 
 

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core import names as N
+
 RARE_FRACTION = 0.01
 
 
@@ -224,7 +226,7 @@ class SpikeWatch:
     # after the step
     def after_step(self, run: Any, state: Any, metrics: dict[str, float]) -> None:
         step = state.step
-        basic: dict[str, float] = {k: metrics[k] for k in ("train/loss", "train/grad_norm", "train/lr") if k in metrics}
+        basic: dict[str, float] = {k: metrics[k] for k in (N.TRAIN_LOSS, N.TRAIN_GRAD_NORM, N.TRAIN_LR) if k in metrics}
         extra: dict[str, float] = {}
         inj = self.injector
         injected = inj is not None and inj.active(step - 1)
@@ -233,12 +235,12 @@ class SpikeWatch:
             self._log(f"spike injection: steps {step}..{last} train on rare-token batches")
             self._start_dense(step)
         if injected:
-            extra["spike/injected"] = 1.0
+            extra[N.SPIKE_INJECTED] = 1.0
         ev = self._event
         if ev is not None:
-            extra.update({"spike/detected": 1.0, "spike/loss": ev.loss, "spike/baseline_loss": ev.baseline,
-                          "spike/grad_norm": ev.grad_norm, "spike/clipped": float(ev.clipped),
-                          "spike/update_skipped": float(self._skipped)})
+            extra.update({N.SPIKE_DETECTED: 1.0, N.SPIKE_LOSS: ev.loss, N.SPIKE_BASELINE_LOSS: ev.baseline,
+                          N.SPIKE_GRAD_NORM: ev.grad_norm, N.SPIKE_CLIPPED: float(ev.clipped),
+                          N.SPIKE_UPDATE_SKIPPED: float(self._skipped)})
             self._log(f"spike detected at step {ev.step} ({ev.by}): loss {ev.loss:.4f} vs baseline {ev.baseline:.4f} "
                       f"(std {ev.baseline_std:.4f}), grad norm {ev.grad_norm:.3f} vs median {ev.grad_median:.3f}, "
                       f"clipping {'active' if ev.clipped else 'not active'}"
