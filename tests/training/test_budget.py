@@ -46,7 +46,7 @@ def test_projected_over_the_cap_without_a_step_boundary_exits_4_and_says_so(tmp_
     budget = tmp_path / "budget.json"
     budget_json(budget, 20.0, projected=40.0)
     alerts = Alerts()
-    setup = BudgetSetup(BudgetOptions(35.0, str(budget), stop_wait_s=0.3), Limits(35.0, 30.0), alerts)
+    setup = BudgetSetup(BudgetOptions(cap_usd=35.0, source=str(budget), stop_wait_s=0.3), Limits(35.0, 30.0), alerts)
     control = BudgetControl(setup, tmp_path, lambda m: None, None)
     exited = threading.Event()
     codes: list[int] = []
@@ -82,7 +82,8 @@ def test_a_boundary_in_time_cancels_the_timer_and_checkpoints():
     with tempfile.TemporaryDirectory() as d:
         budget = Path(d) / "budget.json"
         budget_json(budget, 20.0, projected=40.0)
-        setup = BudgetSetup(BudgetOptions(35.0, str(budget), stop_wait_s=0.5), Limits(35.0, 30.0), Alerts())
+        opts = BudgetOptions(cap_usd=35.0, source=str(budget), stop_wait_s=0.5)
+        setup = BudgetSetup(opts, Limits(35.0, 30.0), Alerts())
         control = BudgetControl(setup, Path(d), lambda m: None, None)
         codes: list[int] = []
         control._exit = codes.append
@@ -112,7 +113,7 @@ def test_a_fit_check_late_in_a_step_counts_what_that_step_has_already_cost(tmp_p
         budget = d / "budget.json"
         budget_json(budget, 35.0 - 0.60 - 0.05, rate=36.0)      # $0.01 a second, so a 10 s step is $0.10
         limits = Limits(35.0, 30.0, lines=Lines(0.0, 0.0, 0.0), reserve_min=1.0)
-        setup = BudgetSetup(BudgetOptions(35.0, str(budget)), limits, Alerts())
+        setup = BudgetSetup(BudgetOptions(cap_usd=35.0, source=str(budget)), limits, Alerts())
         control = BudgetControl(setup, d, lambda m: None, None, fit=FitContext(400, optim, None))
         control.monitor.note_step(65, 400, 0.0)
         control.monitor.steps_per_hour = 360.0                  # measured: 10 s a step
@@ -142,7 +143,7 @@ def test_max_hours_counts_from_the_runs_first_start_in_the_ledger(tmp_path):
     (tmp_path / LEDGER_FILE).write_text(json.dumps({"format": "x1-budget-ledger/1", "run_started_utc": first,
                                                     "memory": {}, "events": []}))
     limits = Limits(1000.0, 900.0, lines=Lines(0.0, 0.0, 0.0), reserve_min=6.0)
-    setup = BudgetSetup(BudgetOptions(1000.0, str(budget)), limits, Alerts())
+    setup = BudgetSetup(BudgetOptions(cap_usd=1000.0, source=str(budget)), limits, Alerts())
     fit = FitContext(10_000, optim, 60.0, max_hours=3.0, first_start_estimate_unix=time.time() - 3600)
     control = BudgetControl(setup, tmp_path, lambda m: None, None, fit=fit)
     control.monitor.note_step(100, 10_000, 0.0)

@@ -40,6 +40,7 @@ FIELDS = ("spent_usd", "rate_usd_per_hr", "hours_elapsed", "projected_total_usd"
 FUTURE_TOLERANCE = timedelta(minutes=2)
 DOWN_TOLERANCE_USD = 0.01       # readings this close below the memory are rounding, not a fall
 JUMP_SLACK_USD = 0.50           # a rise this small is never called a jump
+STALE_AFTER_INTERVALS = 3.0     # a reading older than this many sidecar intervals is stale (warned, aged)
 
 
 class Action(str, Enum):
@@ -84,7 +85,7 @@ class Limits:
     cap_usd: float
     alert_usd: float
     sidecar_interval_min: float = 5.0
-    stale_after_intervals: float = 3.0
+    stale_after_intervals: float = STALE_AFTER_INTERVALS
     unknown_grace_min: float = 60.0
     rate_tolerance: float = 2.0        # a rate above x2 or below /2 of the launch rate is flagged
     lines: Lines = field(default_factory=Lines)  # added to projections when a reading does not carry its fixed lines

@@ -20,9 +20,10 @@ DESCRIPTION = """Pretrain the model: python -m x1_pretrain.train --config config
 """ + exit_code_help()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BudgetOptions:
-    """The budget guard's flags; ``cap_usd`` None means no guard."""
+    """The budget guard's flags; ``cap_usd`` None means no guard. Keyword-only: fields share types, so a swap
+    of two positional floats would run silently."""
 
     cap_usd: float | None = None
     source: str | None = None              # --budget-curr-cost-uri
@@ -158,11 +159,13 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
         "train.min_tokens_per_s_always": args.min_tokens_per_s_always,
         "spike.skip_spike_steps": args.skip_spike_steps, "train.fit_to_budget": args.fit_to_budget,
     }
-    budget = BudgetOptions(args.budget_cap_usd, args.budget_curr_cost_uri, args.budget_alert_usd,
-                           args.budget_check_every_min, args.budget_sidecar_interval_min,
-                           args.budget_unknown_grace_min, args.max_rate_usd_per_hr, args.force_launch,
-                           args.expected_step_s, args.assumed_mfu, args.dry_run_budget, args.budget_stop_wait_s,
-                           args.budget_reserve_min, args.budget_buffer_usd, args.max_hours)
+    budget = BudgetOptions(
+        cap_usd=args.budget_cap_usd, source=args.budget_curr_cost_uri, alert_usd=args.budget_alert_usd,
+        check_every_min=args.budget_check_every_min, sidecar_interval_min=args.budget_sidecar_interval_min,
+        unknown_grace_min=args.budget_unknown_grace_min, max_rate_usd_per_hr=args.max_rate_usd_per_hr,
+        force_launch=args.force_launch, expected_step_s=args.expected_step_s, assumed_mfu=args.assumed_mfu,
+        dry_run=args.dry_run_budget, stop_wait_s=args.budget_stop_wait_s, reserve_min=args.budget_reserve_min,
+        buffer_usd=args.budget_buffer_usd, max_hours=args.max_hours)
     return TrainOptions(
         config=args.config, data_dir=args.data_dir, ckpt_dir=Path(args.ckpt_dir), mlflow_uri=args.mlflow_uri,
         experiment=args.experiment, run_name=args.run_name, resume=args.resume_from_latest,

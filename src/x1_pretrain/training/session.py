@@ -16,7 +16,7 @@ from typing import Any
 
 from ..budget import alerts, ledger
 from ..budget import gate as bg
-from ..budget.guard import Limits, Memory
+from ..budget.guard import STALE_AFTER_INTERVALS, Limits, Memory
 from ..budget.money import Lines
 from ..budget.source import read_source
 from ..core import config as C
@@ -77,7 +77,8 @@ def budget_limits(b: BudgetOptions) -> Limits | None:
         raise X1Error("; ".join(problems))
     if b.reserve_min < 0 or b.buffer_usd < 0 or b.stop_wait_s <= 0:
         raise X1Error("--budget-reserve-min and --budget-buffer-usd must be >= 0 and --budget-stop-wait-s positive")
-    return Limits(b.cap_usd, b.alert_usd, b.sidecar_interval_min, 3.0, b.unknown_grace_min,
+    return Limits(cap_usd=b.cap_usd, alert_usd=b.alert_usd, sidecar_interval_min=b.sidecar_interval_min,
+                  stale_after_intervals=STALE_AFTER_INTERVALS, unknown_grace_min=b.unknown_grace_min,
                   lines=Lines(buffer_usd=b.buffer_usd), reserve_min=b.reserve_min)
 
 
