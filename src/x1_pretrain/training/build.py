@@ -8,7 +8,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -223,16 +223,20 @@ def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> tupl
     return injector, watch
 
 
+@dataclass(frozen=True, kw_only=True)
 class TrainerState:
-    """Builds ``trainer_state.json`` for each checkpoint: counts, RNG, data position, config, provenance."""
+    """Builds ``trainer_state.json`` for each checkpoint: counts, RNG, data position, config, provenance. Built
+    whole, once everything it reads exists (``build_run``)."""
 
-    def __init__(self, ctx: Context, data: TokenData, sampler: Sampler, tracker: Any, resume: Resume) -> None:
-        self.ctx, self.data, self.sampler, self.tracker = ctx, data, sampler, tracker
-        self.wall_before = resume.state.get("wall_clock_s", 0.0)
-        self.machine = machine()
-        self.monitor: Any = None
-        self.spike_watch: Any = None
-        self.uri = ""
+    ctx: Context
+    data: TokenData
+    sampler: Sampler
+    tracker: Any
+    uri: str                       # the MLflow store (redacted when written)
+    spike_watch: Any               # spike.SpikeWatch
+    monitor: Any                   # budget.monitor.BudgetMonitor, or None without a cap
+    wall_before: float             # wall clock of the run's earlier processes (the resumed checkpoint's)
+    machine: dict[str, Any] = field(default_factory=machine)
 
     def __call__(self, run: Any, st: LoopState) -> dict[str, Any]:
         cfg = self.ctx.cfg
@@ -379,13 +383,12 @@ def build_run(ctx: Context) -> Built:
         f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")
     tracker = _tracker(ctx, uri, artifact_location, resume, data)
     tracker.set_tags({"compile_mode_effective": mode, **kernel_tags(model)})
-    trainer_state = TrainerState(ctx, data, sampler, tracker, resume)
-    trainer_state.uri = uri
     injector, spike_watch = _spikes(ctx, data, tracker, resume)
-    trainer_state.spike_watch = spike_watch
     control = BudgetControl(ctx.budget, ctx.ckpt_dir, log, tracker.log_metrics, resume.state.get("budget"),
                             _fit_context(ctx, resume)) if ctx.budget is not None else None
-    trainer_state.monitor = control.monitor if control is not None else None
+    trainer_state = TrainerState(ctx=ctx, data=data, sampler=sampler, tracker=tracker, uri=uri,
+                                 spike_watch=spike_watch, monitor=control.monitor if control is not None else None,
+                                 wall_before=float(resume.state.get("wall_clock_s", 0.0)))
     alert = alert_sender(ctx)
     if fallback is not None:
         fallback.on_fallback = _compile_fallback_report(ctx, tracker, alert)
