@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-from-latest", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--allow-config-change", action="store_true",
                    help="resume even if the config or data differ from the checkpoint's (logged as a tag)")
-    _budget_flags(p.add_argument_group("budget guard (see README: the budget guard)"))
+    _budget_flags(p.add_argument_group("budget guard (see docs/budget.md)"))
     s = p.add_argument_group("loss spikes")
     s.add_argument("--inject-spike-at-step", type=int, metavar="N",
                    help="steps N..N+K-1 train on rare-token batches (skipped if a natural spike comes first)")
