@@ -12,8 +12,9 @@ PAGES = [REPO / "README.md", REPO / "DEVELOPERS.md", *sorted((REPO / "docs").glo
 def test_the_readme_is_short_and_says_where_to_look_next():
     text = (REPO / "README.md").read_text()
     assert len(text.splitlines()) <= 200
-    for must in ("make demo", "make test", "python -m x1_pretrain.tokenize_data", "python -m x1_pretrain.budget_sidecar",
-                 "--dry-run-budget", "python -m x1_pretrain.watchdog", "## Exit codes", "## Where to look next"):
+    for must in ("make demo", "make test", "python -m x1_pretrain.tokenize_data",
+                 "python -m x1_pretrain.budget_sidecar", "--dry-run-budget", "python -m x1_pretrain.watchdog",
+                 "## Exit codes", "## Where to look next"):
         assert must in text, must
 
 
