@@ -91,8 +91,8 @@ def guarded_console(log_file: Path | None = None) -> Iterator[None]:
     if isinstance(sys.stdout, _Resilient):   # nested (a command calling another in-process)
         yield
         return
-    sys.stdout = _Resilient(saved[0], target)  # type: ignore[assignment]
-    sys.stderr = _Resilient(saved[1], target)  # type: ignore[assignment]
+    sys.stdout = _Resilient(saved[0], target)
+    sys.stderr = _Resilient(saved[1], target)
     try:
         yield
     finally:

@@ -311,15 +311,15 @@ class Watchdog:
             if self.stop_signal is not None or self.budget_kill is not None:   # came during the backoff
                 self.log("stop requested during the backoff; not relaunching")
                 return self._stopped_between_starts()
-            self._launch(cmd, len(self.restarts))
+            child = self._launch(cmd, len(self.restarts))
             if pending is not None:
                 pending.downtime_s = round(time.time() - exited_at, 3)
-                pending.relaunch_latency_s = lat = self._latency(self.child, started_at, exited_at)
+                pending.relaunch_latency_s = lat = self._latency(child, started_at, exited_at)
                 self.log(f"restart {pending.number}: trainer back"
                          + (f", first step began {lat:.1f} s after the exit" if lat is not None else ""),
                          event="relaunched", **asdict(pending))
                 pending = None
-            code = self._trainer_code(self.child.wait(), started_at)
+            code = self._trainer_code(child.wait(), started_at)
             exited_at = time.time()
             final = self._final(code)
             if final is not None:
