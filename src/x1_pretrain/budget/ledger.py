@@ -66,6 +66,13 @@ def read(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     return data, None
 
 
+def read_memory(ckpt_dir: Path) -> Memory:
+    """The guard's memory in ``ckpt_dir``'s ledger, read only (empty when there is none or it is unreadable): for
+    the readers beside the trainer (the watchdog's line, the launch gate), which never write the ledger."""
+    data, _ = read(ckpt_dir / LEDGER_FILE)
+    return memory_from_json(data.get("memory") or {}) if data else Memory()
+
+
 class Ledger:
     """The ledger file of one checkpoint dir."""
 

@@ -14,16 +14,15 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .guard import Action, Decision, Limits, Memory, Progress, decide
-from .ledger import LEDGER_FILE, memory_from_json, read
+from .guard import Action, Decision, Limits, Progress, decide
+from .ledger import read_memory
 from .source import read_source
 
 
 def check_from_outside(source: str, cap_usd: float, ckpt_dir: Path, now: datetime | None = None) -> Decision:
     """What the guard would decide now, from the source and the ledger alone."""
     now = now or datetime.now(timezone.utc)
-    data, _ = read(ckpt_dir / LEDGER_FILE)
-    memory = memory_from_json(data.get("memory") or {}) if data else Memory()
+    memory = read_memory(ckpt_dir)
     limits = Limits(cap_usd, cap_usd, unknown_grace_min=float("inf"))
     decision, _ = decide(read_source(source), limits, now, Progress(0, 0, None), memory)
     return decision

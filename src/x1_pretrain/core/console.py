@@ -5,8 +5,8 @@ hung-up terminal, EPIPE on a gone reader). A ``print`` that raises there would k
 moment: the watchdog before it forwards the stop, the trainer before its stop checkpoint. Inside
 :func:`guarded_console` the standard streams are wrapped: the first write or flush that fails moves the
 stream's descriptor onto the log file (``X1_LOG_FILE`` or the path given) or, without one, onto
-``/dev/null``. What the stream's buffer holds is flushed there, and everything later (C extensions, child processes that
-inherit the descriptor, Python's own flush at exit) goes there too. Output is dropped, never the run.
+``/dev/null``. What the stream's buffer holds is flushed there, and everything later (C extensions, child
+processes that inherit the descriptor, Python's own flush at exit) goes there too. Output is dropped, never the run.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ LOG_FILE_ENV = "X1_LOG_FILE"   # set by the watchdog for its trainer: where outp
 
 class _Resilient:
     """A text stream whose writes and flushes never raise ``OSError``: on the first failure the descriptor is
-    diverted (see the module's docstring) and the text is written once more."""
+    diverted (see the module's docstring) and what the buffer holds is flushed there."""
 
     def __init__(self, stream: TextIO, divert_to: Path | None) -> None:
         self._stream = stream

@@ -151,7 +151,7 @@ class Checkpointer:
         try:
             call(*args)
         except Exception as report_error:  # reporting must not turn one failure into two
-            self._log(f"warning: the checkpoint failure could not be reported ({report_error})")
+            self._log(f"warning: a checkpoint report could not be delivered ({report_error})")
 
     def _finish(self, path: Path) -> None:
         hashes = write_final_files(self.dir, path)

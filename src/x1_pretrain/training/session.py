@@ -16,7 +16,7 @@ from typing import Any
 
 from ..budget import alerts, ledger
 from ..budget import gate as bg
-from ..budget.guard import STALE_AFTER_INTERVALS, Limits, Memory
+from ..budget.guard import STALE_AFTER_INTERVALS, Limits
 from ..budget.money import Lines
 from ..budget.source import read_source
 from ..core import config as C
@@ -97,9 +97,7 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
         log("WARNING: the budget guard is on but NO ALERT CHANNEL is configured: budget stops, a falling or unknown "
             "spend and the alert line will reach nobody. Set X1_SLACK_WEBHOOK_URL and/or X1_SMTP_HOST + X1_SMTP_TO "
             "(README: alerts) and check them with --dry-run-budget")
-    data, _ = ledger.read(opts.ckpt_dir / ledger.LEDGER_FILE)   # the guard's memory (read only here)
-    memory = ledger.memory_from_json(data.get("memory") or {}) if data else Memory()
-    reading = bg.as_the_guard_sees_it(read_source(str(b.source)), limits, memory)
+    reading = bg.as_the_guard_sees_it(read_source(str(b.source)), limits, ledger.read_memory(opts.ckpt_dir))
     problems = bg.gate_problems(reading, plan, limits, b.max_rate_usd_per_hr)
     if problems and not b.force_launch:
         for problem in problems:

@@ -282,9 +282,7 @@ class Watchdog:
             snap = read_source(self.opts.budget.source).snapshot
             if snap is not None and snap.rate_usd_per_hr > 0:
                 return snap.rate_usd_per_hr
-        data, _ = ledger.read(self.ckpt_dir / ledger.LEDGER_FILE)
-        rate = ledger.memory_from_json((data or {}).get("memory") or {}).rate_usd_per_hr if data else None
-        return rate if rate else None
+        return ledger.read_memory(self.ckpt_dir).rate_usd_per_hr or None
 
     def _alert_still_billing(self, code: int) -> None:
         rate = self._rate()
