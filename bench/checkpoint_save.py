@@ -40,7 +40,7 @@ def main() -> int:
         rows = []
         for r in range(args.repeats):
             t0 = time.perf_counter()
-            snap = ck.Snapshot(r + 1, ck.to_cpu(state_dict_for_saving(model)), ck._to_cpu(opt.state_dict()),
+            snap = ck.StepSnapshot(r + 1, ck.to_cpu(state_dict_for_saving(model)), ck._to_cpu(opt.state_dict()),
                                {"step": r + 1})
             pause = time.perf_counter() - t0
             path, size = ck.write_step_dir(base, snap)

@@ -7,7 +7,7 @@ Tiny config on the built-in demo corpus, CPU. The same simulated bill for every 
 per step, $0.02 until a third of --steps, then $0.04; so the arms compare by steps, not seconds):
 
   (a) cosine planned for --steps, cut by the guard when the projection passes the cap (exit 3: today's lab);
-  (b) WSD (decay 25 %, 1-sqrt) with --fit-to-budget: the end follows the money, the decay reaches min_lr there;
+  (b) WSD (decay 25 %, 1-sqrt) with --budget-fit: the end follows the money, the decay reaches min_lr there;
   (c) cosine planned from the start for exactly the steps (b) reached (no budget guard);
   (d) the lab's cosine planned for --steps, cut only when the money is gone: at the step (b) reached, i.e. at
       (b)'s spend (its checkpoint at that step; the run is then stopped).
@@ -59,8 +59,8 @@ def train(data: Path, ckpt: Path, steps: int, seed: int, *extra: str) -> tuple[i
 def budget_flags(budget: Path, cap: float, fit: bool) -> list[str]:
     flags = ["--budget-cap-usd", str(cap), "--budget-alert-usd", str(cap * 0.9), "--budget-curr-cost-uri",
              str(budget), "--budget-check-every-min", "0.05", "--budget-reserve-min", "0.02",
-             "--budget-buffer-usd", "0", "--expected-step-s", str(STEP_S), "--force-launch"]
-    return [*flags, "--fit-to-budget", "--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.25"] if fit \
+             "--budget-buffer-usd", "0", "--budget-expected-step-s", str(STEP_S), "--force-launch"]
+    return [*flags, "--budget-fit", "--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.25"] if fit \
         else flags
 
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(b) fitted to step {steps_b} (exit {code_b}, ${spent_b:.2f}) val {lb:.4f} | "
               f"(c) cosine for {steps_b} steps (exit {code_c}) val {lc:.4f} | "
               f"(d) cosine for {args.steps} cut at step {steps_b} (b's steps and spend) val {ld:.4f}", flush=True)
-    arms = (("a", "cosine, cut by the guard"), ("b", "wsd + --fit-to-budget"), ("c", "cosine planned for (b)'s steps"),
+    arms = (("a", "cosine, cut by the guard"), ("b", "wsd + --budget-fit"), ("c", "cosine planned for (b)'s steps"),
             ("d", "cosine cut where the money ends"))
     for k, name in arms:
         v = results[k]

@@ -17,7 +17,7 @@ as it goes, and a phase that fails or times out does not stop the next:
                 autocast as configured, and bf16 with the bf16 residual stream; the bf16 curves must track fp32
   trainer       THE REAL TRAINER CLI (python -m x1_pretrain.train, the lab config, synthetic uint16 tokens,
                 --trainer-steps steps): warm tokens/s, MFU honest and lab 6N, first step (compile) time, peak
-                memory; --expected-step-s for the launch gate comes from this phase only
+                memory; --budget-expected-step-s for the launch gate comes from this phase only
   ab-eager      an A/B of each speed switch (vocab padding, one-pass loss, bf16 residual, fused projections,
                 deterministic mode, flash-attn vs SDPA) at the lab micro-batch, eager, from one init
   ab-compiled   the same switches under torch.compile (mode default), while time is left
@@ -316,7 +316,7 @@ def read_mlflow_file_store(store: Path) -> tuple[dict[str, float], dict[str, str
 
 def trainer_sets(smoke: bool) -> list[str]:
     """--set overrides of the trainer phase: no eval or checkpoint in the timed steps; the smoke's tiny shapes."""
-    sets = ["train.eval_every=100000", "train.eval_batches=2", "train.ckpt_every=100000", "train.log_every=5"]
+    sets = ["train.eval_every=100000", "train.eval_batches=2", "checkpoint.every_steps=100000", "train.log_every=5"]
     return sets + TINY_SETS if smoke else sets
 
 

@@ -71,7 +71,7 @@ def _trainer(r: Any, smoke: bool) -> list[str]:
     if step_s and not smoke and r.status == "ok":
         per_day = int(24 * 3600 / step_s)
         lines.append(f"At {step_s:.3f} s per optimizer step of {d.get('tokens_per_step', 0):,} tokens: ~{per_day:,} "
-                     f"steps in 24 h. For the launch gate on this GPU: `--expected-step-s {step_s:.3f}`.")
+                     f"steps in 24 h. For the launch gate on this GPU: `--budget-expected-step-s {step_s:.3f}`.")
     if d.get("command"):
         lines += ["", f"Command: `{d['command']}`"]
     return lines

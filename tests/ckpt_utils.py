@@ -32,7 +32,7 @@ def write_checkpoint(ckpt_dir: Path, model: Transformer, step: int = 7, final: b
     """A complete step dir (DONE, hashes, trainer_state.json with the resolved config), like the trainer's."""
     cfg = Config(model=model.config)
     state = {"step": step, "tokens_seen": step * 1000, "config": cfg.to_dict(), "config_sha256": cfg.sha256()}
-    path, _ = ck.write_step_dir(ckpt_dir, ck.Snapshot(step, state_dict_for_saving(model), {}, state))
+    path, _ = ck.write_step_dir(ckpt_dir, ck.StepSnapshot(step, state_dict_for_saving(model), {}, state))
     if final:
         ck.write_final_files(ckpt_dir, path)
     return path

@@ -36,10 +36,10 @@ def train_args(data: Path, ckpt: Path, mlruns: Path, budget: Path, steps: int) -
             "--ckpt-every", str(EVAL_EVERY), "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget), *FAST]
 
 
-def train_overrides() -> dict[str, int]:
+def train_overrides() -> dict[str, float]:
     """The flag overrides the run was trained with (for rebuilding its resolved config in a test)."""
     return {"train.total_steps": STEPS, "train.log_every": LOG_EVERY, "train.eval_every": EVAL_EVERY,
-            "train.ckpt_every": EVAL_EVERY}
+            "checkpoint.every_steps": EVAL_EVERY, "budget.cap_usd": 35.0}
 
 
 def write_budget(path: Path, spent: float) -> None:

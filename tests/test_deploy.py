@@ -67,7 +67,7 @@ def test_scripts_parse_and_use_the_labs_commands(task):
     assert ("python -m x1_pretrain.watchdog --events-file \"$logs/watchdog.jsonl\" -- python -m x1_pretrain.train "
             "--config configs/x1-50m-a100.yaml --data-dir /workspace/data/tokenized --ckpt-dir /workspace/checkpoints "
             "--mlflow-uri file:///workspace/mlruns --total-steps \"$X1_TOTAL_STEPS\" --ckpt-every 1800 "
-            "--ckpt-every-min 15 --eval-every 1800 --log-every 10 --resume-from-latest --budget-cap-usd 35.0 "
+            "--checkpoint-every-min 15 --eval-every 1800 --log-every 10 --resume-from-latest --budget-cap-usd 35.0 "
             "--budget-curr-cost-uri /workspace/budget.json") in run
     assert "python -m x1_pretrain.export_run --mlflow-uri file:///workspace/mlruns " \
            "--output experiments/X1-pretraining/run-cloud/" in run
@@ -166,10 +166,10 @@ def test_train_and_watchdog_flags_are_real(task, tmp_path):
     assert wd is not None and wd[2:4] == ["--events-file", f"{ws}/logs/watchdog.jsonl"] and wd[4] == "--"
     assert wd[5:8] == ["python", "-m", "x1_pretrain.train"]
     args = train.build_parser().parse_args(wd[8:])  # every flag exists and parses
-    assert (args.total_steps, args.ckpt_every, args.eval_every, args.log_every) == (33766, 1800, 1800, 10)
+    assert (args.total_steps, args.checkpoint_every_steps, args.eval_every, args.log_every) == (33766, 1800, 1800, 10)
     assert args.resume_from_latest and args.budget_cap_usd == 35.0
     assert args.budget_curr_cost_uri == f"{ws}/budget.json" and args.mlflow_uri == f"file://{ws}/mlruns"
-    assert args.inject_spike_at_step == 12000 and args.expected_step_s == 2.1
+    assert args.inject_spike_at_step == 12000 and args.budget_expected_step_s == 2.1
     assert (ws / "configs").resolve() == REPO / "configs"
 
 

@@ -39,7 +39,7 @@ from types import FrameType
 
 from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, PROVIDERS, ApiSource, ClockSource
 from .budget.sidecar import BudgetAsk, FixedLines, Sidecar, load_state
-from .core.cli import guarded
+from .core.cli import guarded, old_spelling
 from .core.console import guarded_console
 from .core.errors import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
 
@@ -48,15 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m x1_pretrain.budget_sidecar", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--provider", required=True, choices=PROVIDERS)
-    p.add_argument("--out", type=Path, default=Path("budget.json"), help="budget.json to keep up to date")
-    p.add_argument("--interval-min", type=float, default=5.0, help="minutes between polls (fractions allowed)")
+    p.add_argument("--out", type=Path, default=Path("budget.json"),
+                   help="budget.json to keep up to date (the trainer's and watchdog's --budget-curr-cost-uri)")
+    p.add_argument("--interval-min", type=float, default=5.0, help="minutes between polls (fractions allowed; "
+                   "tell the trainer with --budget-sidecar-interval-min, which judges staleness by it)")
     p.add_argument("--rate-usd-per-hr", type=float, default=None, help="hourly rate (required for clock)")
     p.add_argument("--started-utc", default=None,
                    help="when billing started (ISO time, or 'now'); default: the provider's uptime, else boot time")
     p.add_argument("--planned-hours", type=float, default=24.0, help="run length for projected_total_usd")
     p.add_argument("--disk-usd", type=float, default=2.0, help="the persistent disk line (default: the lab's $2)")
     p.add_argument("--egress-usd", type=float, default=1.0, help="the data egress line (default: the lab's $1)")
-    p.add_argument("--base-url", default=None, help="provider API base URL (default: the provider's)")
+    old_spelling(p, "--base-url", p.add_argument(
+        "--provider-base-url", default=None,
+        help="provider API base URL (default: the provider's; the watchdog's --provider-base-url; was --base-url)"))
     p.add_argument("--api-key-env", default=None, help="env var holding the API key "
                    "(default: LAMBDA_API_KEY / RUNPOD_API_KEY)")
     p.add_argument("--instance-id", default=None, help="Lambda instance to follow (default: the only running one)")
@@ -81,7 +85,7 @@ def make_source(args: argparse.Namespace, environ: Mapping[str, str]) -> ApiSour
     if not key:
         raise X1Error(f"environment variable {key_env} is not set: export {key_env}=<your {args.provider} API key>"
                       f", or name another variable with --api-key-env, or use --provider clock --rate-usd-per-hr R")
-    return ApiSource(args.provider, args.base_url or DEFAULT_BASE_URL[args.provider], key, key_env,
+    return ApiSource(args.provider, args.provider_base_url or DEFAULT_BASE_URL[args.provider], key, key_env,
                      args.timeout_s, args.instance_id if args.provider == "lambda" else args.pod_id)
 
 

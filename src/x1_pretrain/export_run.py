@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .core.cli import guarded
+from .core.cli import guarded, old_spelling
 from .report.bundle import export, summary
 from .report.runs import EXPERIMENT
 
@@ -30,8 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--experiment", default=EXPERIMENT, help=f"experiment to take the latest finished run from "
                                                                  f"(default {EXPERIMENT})")
     p.add_argument("--ckpt-dir", type=Path, help="where the checkpoints are now, if not where the run's tags say")
-    p.add_argument("--budget-json", help="the billing sidecar's final budget.json (default: the run's "
-                                         "--budget-curr-cost-uri, else the snapshot in the final checkpoint)")
+    old_spelling(p, "--budget-json", p.add_argument(
+        "--budget-curr-cost-uri", dest="curr_cost_uri",
+        help="the billing sidecar's final budget.json, as the trainer's flag of the same name (default: the run's, "
+             "else the snapshot in the final checkpoint; was --budget-json)"))
     p.add_argument("--spent-usd", type=float, help="total dollars spent, for a run without a budget guard "
                                                    "(e.g. the provider's invoice; 0 for a local run)")
     p.add_argument("--provider", help="cloud provider for the manifest (default: from budget.json when it says)")

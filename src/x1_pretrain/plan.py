@@ -1,8 +1,10 @@
 """Will the run fit? Time, tokens and dollars for a config on a GPU, before any money is spent.
 
     python -m x1_pretrain.plan --config configs/x1-50m-a100.yaml --gpu a100-80gb --rate-usd-per-hr 1.10 \\
-        [--hours 24 | --total-steps N] [--mfu 0.40 | --tokens-per-s MEASURED] [--reserve-min 10]
+        [--hours 24 | --total-steps N] [--budget-assumed-mfu 0.40 | --tokens-per-s MEASURED]
 
+The cap, the time window, the buffer, the reserve and the assumed MFU are the config's ``budget:`` section
+(configs/x1-50m-a100.yaml holds the lab's), each overridden by the trainer's flag of the same name.
 Throughput comes from the honest FLOPs per token (6N + tied LM head + attention; see ERRATA 1) at an
 assumed MFU (default 0.40; the lab assumes 0.48), or a measured tokens/s (bench/gpu_check.sh). Cost: compute
 (set-up + training hours x rate), a reserve for the final checkpoint, export and shutdown, storage egress
@@ -16,11 +18,13 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from .budget.money import DEFAULT_MFU, DEFAULT_RESERVE_MIN, Lines, steps_that_fit
+from .budget.money import Lines, steps_that_fit
 from .budget.plan_text import render
 from .budget.planner import GPUS, Ask, Plan, make_plan
 from .core import config as C
 from .core.cli import guarded
+from .core.errors import X1Error
+from .training.options import add_budget_flags, budget_overrides
 from .training.schedule import planned
 
 
@@ -33,39 +37,44 @@ def build_parser() -> argparse.ArgumentParser:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--hours", type=float, help="plan this many hours of training")
     size.add_argument("--total-steps", type=int, help="plan this many optimizer steps (default: the config's)")
-    speed = p.add_mutually_exclusive_group()
-    speed.add_argument("--mfu", type=float, default=DEFAULT_MFU,
-                       help=f"assumed MFU, honest accounting (default {DEFAULT_MFU}; the lab assumes 0.48)")
-    speed.add_argument("--tokens-per-s", type=float, help="a measured throughput instead of an assumed MFU")
+    p.add_argument("--tokens-per-s", type=float, help="a measured throughput instead of an assumed MFU")
     p.add_argument("--num-gpus", type=int, default=1, help="GPUs in the instance (the rate is for all of them)")
     p.add_argument("--peak-tflops", type=float, help="bf16 peak per GPU, for a GPU not in the table")
-    p.add_argument("--budget-cap-usd", type=float, default=35.0, help="the hard cap (default: the lab's 35)")
-    p.add_argument("--max-hours", type=float, default=24.0, help="the time window (default: the lab's 24 h)")
     p.add_argument("--setup-hours", type=float, default=0.0, help="billed hours outside training (default 0)")
-    p.add_argument("--egress-usd", type=float, default=1.0, help="storage egress line (default $1)")
-    p.add_argument("--disk-usd", type=float, default=2.0, help="persistent disk line (default $2)")
-    p.add_argument("--buffer-usd", type=float, default=5.0, help="buffer for one restart (default $5)")
-    p.add_argument("--fit-to-budget", action="store_true",
-                   help="--total-steps is an upper bound: show the schedule fitted to the money (wsd)")
-    p.add_argument("--reserve-min", type=float, default=DEFAULT_RESERVE_MIN,
-                   help=f"final checkpoint, export and shutdown after the last step (default {DEFAULT_RESERVE_MIN:g})")
+    p.add_argument("--egress-usd", type=float, default=1.0, help="storage egress line (default $1; the sidecar's)")
+    p.add_argument("--disk-usd", type=float, default=2.0, help="persistent disk line (default $2; the sidecar's)")
+    add_budget_flags(p.add_argument_group("the budget (the config's budget section; the trainer's flags)"),
+                     ("cap_usd", "max_hours", "assumed_mfu", "buffer_usd", "reserve_min", "fit"), OLD)
     return p
+
+
+OLD = {"assumed_mfu": "--mfu", "buffer_usd": "--buffer-usd", "reserve_min": "--reserve-min", "max_hours": "--max-hours",
+       "fit": "--fit-to-budget"}   # plan's spellings before it used the trainer's, kept for one release
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
-        cfg = C.load(args.config)
-        ask = Ask(hours=args.hours, steps=args.total_steps, mfu=args.mfu, tokens_per_s=args.tokens_per_s,
-                  n_gpus=args.num_gpus, cap_usd=args.budget_cap_usd, max_hours=args.max_hours,
+        if args.tokens_per_s is not None and args.budget_assumed_mfu is not None:
+            raise X1Error("--tokens-per-s and --budget-assumed-mfu are two answers to one question: give one")
+        overrides = budget_overrides(args)
+        fit = bool(overrides.pop("budget.fit", False))   # shown for a cosine config too, with what to change
+        cfg = C.load(args.config, overrides)
+        b = cfg.budget
+        if b.cap_usd is None:
+            raise X1Error(f"{args.config} has no budget.cap_usd: pass --budget-cap-usd (the lab's: 35)")
+        if b.max_hours is None:
+            raise X1Error(f"{args.config} has no budget.max_hours: pass --budget-max-hours (the lab's: 24)")
+        ask = Ask(hours=args.hours, steps=args.total_steps, mfu=b.assumed_mfu, tokens_per_s=args.tokens_per_s,
+                  n_gpus=args.num_gpus, cap_usd=b.cap_usd, max_hours=b.max_hours,
                   setup_hours=args.setup_hours, peak_tflops=args.peak_tflops,
-                  lines=Lines(args.egress_usd, args.disk_usd, args.buffer_usd), reserve_min=args.reserve_min)
+                  lines=Lines(args.egress_usd, args.disk_usd, b.buffer_usd), reserve_min=b.reserve_min)
         plan = make_plan(cfg, args.gpu, args.rate_usd_per_hr, ask)
         source = ("--total-steps" if args.total_steps else f"{args.hours:g} h" if args.hours
                   else "train.total_steps in the config")
         print(render(plan, str(args.config), source))
-        if args.fit_to_budget:
+        if fit or b.fit:
             print("\n" + fitted_text(plan))
         return 0
 
@@ -73,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def fitted_text(plan: Plan) -> str:
-    """What --fit-to-budget would make of these inputs: the end the money reaches and where the decay starts."""
+    """What --budget-fit would make of these inputs: the end the money reaches and where the decay starts."""
     optim = plan.config.optim
     if optim.schedule != "wsd":
         optim = dataclasses.replace(optim, schedule="wsd")
@@ -85,7 +94,7 @@ def fitted_text(plan: Plan) -> str:
     hours = end / plan.steps_per_hour
     note = "" if plan.config.optim.schedule == "wsd" else " (the config's schedule is " \
         f"{plan.config.optim.schedule!r}: train with --set optim.schedule=wsd)"
-    how = f"--fit-to-budget, wsd, decay {optim.decay_fraction:.0%} {optim.decay_shape}"
+    how = f"--budget-fit, wsd, decay {optim.decay_fraction:.0%} {optim.decay_shape}"
     return (f"fitted to the budget ({how}){note}:\n"
             f"  expected end: step {end:,} of at most {plan.steps:,} ({end * plan.tokens_per_step / 1e9:,.2f}B "
             f"tokens, {hours:,.1f} h, ${plan.total_usd(hours, buffer=False):,.2f} in all, no buffer kept: a "

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = options_from(build_parser().parse_args(argv))
     with guarded_console():   # a closed terminal drops output (or sends it to $X1_LOG_FILE), never the run
         code, reason = main_guarded(opts)
-    if os.environ.get("RANK", "0") == "0" and not opts.budget.dry_run:
+    if os.environ.get("RANK", "0") == "0" and not opts.dry_run_budget:
         try:  # for the watchdog: torchrun reports any failed worker as 1
             record_exit_status(opts.ckpt_dir, code, reason)
         except KeyboardInterrupt:   # a second Ctrl-C after the run already ended: its code stands

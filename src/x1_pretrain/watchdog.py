@@ -1,33 +1,32 @@
-"""Relaunch the trainer after preemption or a crash, never after a decision to stop; keep the budget cap
-even when the trainer cannot; end the bill when the run is over.
+"""Relaunch the trainer after preemption or a crash, never after a decision to stop; keep the budget cap even when the
+trainer cannot; end the bill when the run is over.
 
     python -m x1_pretrain.watchdog [--max-restarts 20] [--backoff-s 5] -- python -m x1_pretrain.train ...
 
-Relaunches on the exits marked * below or death by a signal, adding ``--resume-from-latest`` when the command
-lacks it, after a backoff that doubles per consecutive failure (capped at ``--max-backoff-s``); never after the
-others, nor when two consecutive starts ended at the same step with no new checkpoint between them (a crash
-loop: it exits with the trainer's code).
-SIGTERM/SIGINT/SIGHUP (a closed terminal) sent to the watchdog reach the trainer as SIGTERM/SIGINT, which
-checkpoints and exits 75; the watchdog then exits without relaunching, and a trainer whose watchdog is gone
-stops the same way (no orphan).
-Each restart is logged with its reason, exit code, downtime, steps lost since the last checkpoint and relaunch
-latency (exit → new trainer's first step).
+Relaunches on the exits marked * below or death by a signal, adding ``--resume-from-latest`` when the command lacks
+it, after a backoff that doubles per consecutive failure (capped at ``--max-backoff-s``); never after the others,
+nor when two consecutive starts ended at the same step with no new checkpoint between them (a crash loop: it exits
+with the trainer's code). SIGTERM/SIGINT/SIGHUP (a closed terminal) sent to the watchdog reach the trainer as
+SIGTERM/SIGINT, which checkpoints and exits 75; the watchdog then exits without relaunching, and a trainer whose
+watchdog is gone stops the same way (no orphan). Each restart is logged with its reason, exit code, downtime, steps
+lost since the last checkpoint and relaunch latency (exit → new trainer's first step).
 
 A closed terminal never loses the run: output that cannot be written goes to ``--log-file`` (else nowhere).
 ``--detach --log-file F``: the watchdog runs in the background in its own session, all output appended to F, and
 prints the pid and how to follow and stop it: closing the terminal does nothing at all. An ending that leaves
 nothing running (a crash loop, ``--max-restarts``, exit 0, 2, 5, 6, a stop by signal) alerts with the hourly rate.
 
-Budget, second line: with a cap (``--budget-cap-usd`` and ``--budget-curr-cost-uri``, taken from the train
-command unless given here) the watchdog reads the budget source and the trainer's cost ledger itself
-every ``--budget-poll-s``; when the spend is above the cap it ends the trainer's process group (SIGTERM,
-then SIGKILL after ``--budget-kill-grace-s``), alerts, and exits 4, even if the trainer is stopped or hung.
+Budget, second line: with a cap (``--budget-cap-usd`` and ``--budget-curr-cost-uri``, taken from the train command,
+its flags or its config's ``budget.cap_usd``, unless given here) the watchdog reads the budget source and the
+trainer's cost ledger itself every ``--budget-poll-s``; when the spend is above the cap it ends the trainer's
+process group (SIGTERM, then SIGKILL after ``--budget-kill-grace-s``), alerts, and exits 4, even if the trainer is
+stopped or hung.
 
-``--terminate-on-exit lambda|runpod --export-to DIR``: after the trainer ends for good (exit 0, 3 or 4), or
-the watchdog gives up (a crash loop, ``--max-restarts``: the run then ends at its last complete checkpoint),
-export the run to DIR (export_run) and terminate the instance through the provider's API (the key in
-LAMBDA_API_KEY / RUNPOD_API_KEY); the answer is logged and alerted. A failed export (except after exit 4)
-leaves the instance running and alerts loudly.
+``--terminate-on-exit lambda|runpod --export-to DIR``: after the trainer ends for good (exit 0, 3 or 4), or the
+watchdog gives up (a crash loop, ``--max-restarts``: the run then ends at its last complete checkpoint), export the
+run to DIR (export_run) and terminate the instance through the provider's API (the key in LAMBDA_API_KEY /
+RUNPOD_API_KEY); the answer is logged and alerted. A failed export (except after exit 4) leaves the instance running
+and alerts loudly.
 """
 
 from __future__ import annotations
@@ -43,7 +42,8 @@ from .budget.terminate import EndOfBill
 from .core.console import guarded_console
 from .core.errors import EXIT_USAGE, X1Error, exit_code_help
 from .core.names import default_mlflow_uri
-from .training.watchdog import BudgetLine, Watchdog, WatchdogOptions, ckpt_dir_of, flag_of, launch_detached
+from .training import watchdog as W
+from .training.options import budget_of_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run in the background in its own session, output appended to --log-file; prints the pid "
                          "and how to follow and stop the run, so closing the terminal does nothing at all")
     b = ap.add_argument_group("budget, second line")
-    b.add_argument("--budget-cap-usd", type=float, help="default: the train command's --budget-cap-usd")
+    b.add_argument("--budget-cap-usd", type=float,
+                   help="default: the train command's (its --budget-cap-usd, else budget.cap_usd in its --config)")
     b.add_argument("--budget-curr-cost-uri", help="default: the train command's --budget-curr-cost-uri")
     b.add_argument("--budget-poll-s", type=float, default=60.0, help="seconds between the watchdog's reads (60)")
     b.add_argument("--budget-kill-grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL, seconds (10)")
@@ -72,17 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--instance-id", help="Lambda instance (default: the only running one)")
     e.add_argument("--pod-id", help="RunPod pod (default: $RUNPOD_POD_ID, else the only running one)")
     e.add_argument("--api-key-env", help="env var holding the provider's API key")
-    e.add_argument("--provider-base-url", help="provider API base URL (default: the provider's)")
+    e.add_argument("--provider-base-url", help="provider API base URL (default: the provider's; the sidecar's "
+                   "--provider-base-url)")
     return ap
 
 
-def options(args: argparse.Namespace, cmd: list[str]) -> WatchdogOptions:
-    cap = args.budget_cap_usd if args.budget_cap_usd is not None else flag_of(cmd, "--budget-cap-usd")
-    source = args.budget_curr_cost_uri or flag_of(cmd, "--budget-curr-cost-uri")
+def options(args: argparse.Namespace, cmd: list[str]) -> W.WatchdogOptions:
+    train_cap, train_source = budget_of_command(cmd)
+    cap = args.budget_cap_usd if args.budget_cap_usd is not None else (
+        train_cap if train_cap is not None else W.flag_of(cmd, "--budget-cap-usd"))   # another trainer: its flags
+    source = args.budget_curr_cost_uri or train_source or W.flag_of(cmd, "--budget-curr-cost-uri")
     line = None
     if cap is not None and source:
         try:
-            line = BudgetLine(source, float(cap), args.budget_poll_s, args.budget_kill_grace_s)
+            line = W.BudgetLine(source, float(cap), args.budget_poll_s, args.budget_kill_grace_s)
         except ValueError:
             raise X1Error(f"--budget-cap-usd {cap!r} is not a number") from None
         if line.poll_s <= 0 or line.kill_grace_s < 0:
@@ -98,20 +102,12 @@ def options(args: argparse.Namespace, cmd: list[str]) -> WatchdogOptions:
             raise X1Error(f"--terminate-on-exit {provider}: environment variable {key_env} is not set")
         rid = args.instance_id if provider == "lambda" else (args.pod_id or os.environ.get("RUNPOD_POD_ID"))
         api = ApiSource(provider, args.provider_base_url or DEFAULT_BASE_URL[provider], key, key_env, 20.0, rid)
-        uri = flag_of(cmd, "--mlflow-uri") or default_mlflow_uri(ckpt_dir_of(cmd))
+        uri = W.flag_of(cmd, "--mlflow-uri") or default_mlflow_uri(W.ckpt_dir_of(cmd))
         end = EndOfBill(api, args.export_to, uri)
-    return WatchdogOptions(max_restarts=args.max_restarts, backoff_s=args.backoff_s,
+    return W.WatchdogOptions(max_restarts=args.max_restarts, backoff_s=args.backoff_s,
                            max_backoff_s=args.max_backoff_s, events_file=args.events_file, log_file=args.log_file,
-                           budget=line, end_of_bill=end, alerter=alerts.from_env(),
-                           mlflow_uri=flag_of(cmd, "--mlflow-uri"))
-
-
-def _old_log_file(args: argparse.Namespace) -> None:
-    """Before --events-file existed, --log-file held the JSON events: a FILE.jsonl still does, for one release."""
-    if args.log_file is not None and args.log_file.suffix == ".jsonl" and args.events_file is None:
-        print(f"[watchdog] deprecated: --log-file {args.log_file} (JSON lines) is now --events-file; --log-file is "
-              "the text log", file=sys.stderr)
-        args.events_file, args.log_file = args.log_file, None
+                           budget_line=line, end_of_bill=end, alerter=alerts.from_env(),
+                           mlflow_uri=W.flag_of(cmd, "--mlflow-uri"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,16 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         print("error: no train command after --", file=sys.stderr)
         return EXIT_USAGE
-    _old_log_file(args)   # deprecated spelling
+    args.events_file, args.log_file = W.old_log_file(args.events_file, args.log_file)   # deprecated spelling
     try:
         if args.detach and args.log_file is None:
             raise X1Error("--detach needs --log-file FILE: the run's output goes there")
-        wd = Watchdog(cmd, options(args, cmd))
+        wd = W.Watchdog(cmd, options(args, cmd))
     except X1Error as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     if args.detach:
-        return launch_detached(argv, args.log_file)
+        return W.launch_detached(argv, args.log_file)
     with guarded_console(args.log_file):
         try:
             return wd.run()

@@ -48,7 +48,7 @@ def run_trainer(demo_data, tmp_path, spend, projected, steps=40, extra=()):
         code = train.main(["--config", str(TINY), "--data-dir", str(demo_data), "--ckpt-dir", str(ckpt),
                            "--total-steps", str(steps), "--log-every", "1", "--ckpt-every", "1000", *FAST,
                            "--budget-cap-usd", "35.0", "--budget-curr-cost-uri", str(budget),
-                           "--budget-check-every-min", "0.0001", "--expected-step-s", "0.5", *extra])
+                           "--budget-check-every-min", "0.0001", "--budget-expected-step-s", "0.5", *extra])
     finally:
         sidecar.close()
     return code, ckpt
@@ -75,7 +75,7 @@ def test_projection_over_the_cap_checkpoints_and_exits_3(demo_data, tmp_path, we
     state, problem = ck.verify(ckpt / latest)
     assert problem is None
     assert 5 <= state["step"] <= 8  # projected crosses 35 after step 5; the check after that step acts
-    assert state["budget"]["action"] == "checkpoint-and-exit" and state["budget"]["cap_usd"] == 35.0
+    assert state["budget_guard"]["action"] == "checkpoint-and-exit" and state["budget_guard"]["cap_usd"] == 35.0
     assert (ckpt / "final.safetensors").exists()  # a budget stop is the end of the run: its checkpoint is final
 
 
@@ -86,8 +86,8 @@ def test_spend_over_the_cap_exits_4_without_a_checkpoint(demo_data, tmp_path, we
     sidecar = SpendingSidecar(budget, ckpt, lambda s: 30.0 if s < 6 else 36.0, lambda s: 34.9)
     try:
         r = subprocess.run(train_cmd(demo_data, ckpt, 400, "--budget-cap-usd", "35.0", "--budget-curr-cost-uri",
-                                     str(budget), "--budget-check-every-min", "0.002", "--expected-step-s", "0.5",
-                                     "--force-launch"),
+                                     str(budget), "--budget-check-every-min", "0.002", "--budget-expected-step-s",
+                                     "0.5", "--force-launch"),
                            capture_output=True, text=True, timeout=300)
     finally:
         sidecar.close()
@@ -104,4 +104,4 @@ def test_budget_flag_errors_are_usage_errors(tmp_path, capsys):
     assert "needs --budget-curr-cost-uri" in capsys.readouterr().err
     assert train.main([*base, "--budget-cap-usd", "35", "--budget-alert-usd", "40",
                        "--budget-curr-cost-uri", "b.json"]) == 2
-    assert "must be below --budget-cap-usd" in capsys.readouterr().err
+    assert "budget.alert_usd: 40.0 must be below budget.cap_usd 35.0" in capsys.readouterr().err

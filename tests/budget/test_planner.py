@@ -54,7 +54,7 @@ def test_errata_5_chinchilla_prediction():
 
 def test_lab_plan_output_says_it_does_not_fit_and_what_does(capsys):
     code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--total-steps", "84000",
-                       "--mfu", "0.48")
+                       "--budget-assumed-mfu", "0.48")
     assert code == 0
     for text in ("50,331,648 non-embedding", "38,597,376 embedding", "88,929,024",
                  "6.091e+08 honest", "3.020e+08 the lab's 6N figure", "245,882", "1,688.3",
@@ -68,7 +68,8 @@ def test_lab_plan_output_says_it_does_not_fit_and_what_does(capsys):
 
 
 def test_24_hours_fit_the_cap(capsys):
-    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24", "--mfu", "0.48")
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24",
+                       "--budget-assumed-mfu", "0.48")
     assert code == 0 and "verdict: FITS" in out and "40,520 steps = 21.24B tokens (24 h)" in out
     assert "$34.58" in out and "D = 21.24B tokens: 3.20" in out
 
@@ -77,7 +78,7 @@ def test_setup_hours_and_the_buffer(capsys):
     # The lab's own table: 26 h at $1.10 + $8 = $36.60 (+ $0.18 reserve), within $35 only if the buffer is
     # never used.
     code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24",
-                       "--setup-hours", "2", "--mfu", "0.48")
+                       "--setup-hours", "2", "--budget-assumed-mfu", "0.48")
     assert code == 0 and "$28.60" in out and "$36.78" in out and "only if the $5.00 restart buffer" in out
 
 
@@ -99,7 +100,8 @@ def test_every_gpu_maps_to_a_peak_in_flops():
 @pytest.mark.parametrize(("args", "message"), [
     (["--gpu", "b200", "--rate-usd-per-hr", "1.1"], "--gpu 'b200' is not in the table; choose one of a100-80gb"),
     (["--gpu", "a100-80gb", "--rate-usd-per-hr", "0"], "--rate-usd-per-hr 0.0 must be positive"),
-    (["--gpu", "a100-80gb", "--rate-usd-per-hr", "1.1", "--mfu", "1.5"], "--mfu 1.5 must be in (0, 1]"),
+    (["--gpu", "a100-80gb", "--rate-usd-per-hr", "1.1", "--budget-assumed-mfu", "1.5"],
+     "budget.assumed_mfu: must be in (0, 1], got 1.5"),
     (["--rate-usd-per-hr", "1.1"], "--gpu is needed"),
 ])
 def test_usage_mistakes_exit_2_with_the_fix(capsys, args, message):
@@ -121,18 +123,18 @@ def test_plan_and_the_launch_gate_print_the_same_what_fits_number(cfg, tmp_path,
     and the launch gate's "about N steps fit" are the same number."""
     from datetime import datetime, timezone
 
-    from x1_pretrain.budget.gate import Plan, fitting_steps, gate_problems
+    from x1_pretrain.budget.gate import LaunchPlan, fitting_steps, gate_problems
     from x1_pretrain.budget.guard import Limits, parse
 
     tokens_per_s = 246_000
     step_s = cfg.tokens_per_step() / tokens_per_s
     code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--tokens-per-s",
-                       str(tokens_per_s), "--total-steps", "84000", "--max-hours", "48")
+                       str(tokens_per_s), "--total-steps", "84000", "--budget-max-hours", "48")
     planned = int(out.split("the largest run inside both: ")[1].split(" steps")[0].replace(",", ""))
     snap = parse({"spent_usd": 0.0, "rate_usd_per_hr": 1.10, "hours_elapsed": 0, "projected_total_usd": 0,
                   "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
-    gate = fitting_steps(snap.snapshot, Plan(84000, 0, step_s), Limits(35.0, 30.0))
-    (problem,) = gate_problems(snap, Plan(84000, 0, step_s), Limits(35.0, 30.0), 1.40)
+    gate = fitting_steps(snap.snapshot, LaunchPlan(84000, 0, step_s), Limits(35.0, 30.0))
+    (problem,) = gate_problems(snap, LaunchPlan(84000, 0, step_s), Limits(35.0, 30.0), 1.40)
     assert code == 0 and planned == gate and f"about {gate:,} steps in all fit" in problem
     runbook = (REPO / "docs" / "cloud-runbook.md").read_text()
     code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24")
@@ -142,7 +144,7 @@ def test_plan_and_the_launch_gate_print_the_same_what_fits_number(cfg, tmp_path,
 
 def test_plan_shows_the_schedule_fitted_to_the_budget(capsys):
     code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--total-steps", "84000",
-                       "--max-hours", "48", "--fit-to-budget")
+                       "--budget-max-hours", "48", "--budget-fit")
     assert code == 0
     fitted = out.split("fitted to the budget")[1]
     end = int(fitted.split("expected end: step ")[1].split(" ")[0].replace(",", ""))

@@ -186,7 +186,7 @@ def test_parse_runpod_errors(body, error, needle):
 ])
 def test_the_first_poll_counts_from_the_start(now, planned, spent, hours, projected):
     state = bs.State(T0, "--started-utc")
-    reading = pv.Reading(1.10, None, "inst-a")
+    reading = pv.BillingReading(1.10, None, "inst-a")
     bs.integrate(state, reading, now)
     b = bs.build_budget(state, reading, None, now, ask("lambda", planned=planned))
     assert b["spent_usd"] == pytest.approx(spent)
@@ -333,7 +333,7 @@ def test_a_key_that_breaks_the_header_is_not_shown(cloud, tmp_path, capsys):
 # --- start time and the running total -------------------------------------------------------------------
 def test_where_the_start_comes_from(tmp_path):
     now = T0 + timedelta(hours=1)
-    no_uptime, uptime = pv.Reading(1.0, None, "a"), pv.Reading(1.0, 600.0, "p")
+    no_uptime, uptime = pv.BillingReading(1.0, None, "a"), pv.BillingReading(1.0, 600.0, "p")
     s = bs.State()
     bs.resolve_start(s, "2026-05-22T21:00:00Z", uptime, now)
     assert (s.started_utc, s.started_from) == (T0 - timedelta(hours=6), "--started-utc")
@@ -476,7 +476,7 @@ def test_cli_lambda_once_and_its_exit_codes(cloud, tmp_path, monkeypatch, capsys
     state, base = cloud
     monkeypatch.setenv("LAMBDA_API_KEY", KEY)
     out = tmp_path / "budget.json"
-    args = ["--provider", "lambda", "--base-url", base, "--out", str(out), "--once", "--timeout-s", "0.3"]
+    args = ["--provider", "lambda", "--provider-base-url", base, "--out", str(out), "--once", "--timeout-s", "0.3"]
     assert bs_cli.main(args) == 0
     before = out.read_bytes()
     state.reply("/api/v1/instances", {}, 500)
@@ -491,7 +491,7 @@ def test_cli_runpod_custom_key_env(cloud, tmp_path, monkeypatch):
     monkeypatch.setenv("MY_RUNPOD_KEY", KEY)
     monkeypatch.delenv("RUNPOD_API_KEY", raising=False)
     out = tmp_path / "budget.json"
-    assert bs_cli.main(["--provider", "runpod", "--base-url", base, "--api-key-env", "MY_RUNPOD_KEY",
+    assert bs_cli.main(["--provider", "runpod", "--provider-base-url", base, "--api-key-env", "MY_RUNPOD_KEY",
                     "--pod-id", "pod-a", "--out", str(out), "--once"]) == 0
     assert json.loads(out.read_text())["resource_id"] == "pod-a"
 
@@ -506,8 +506,9 @@ def test_cli_runpod_custom_key_env(cloud, tmp_path, monkeypatch):
     (["--provider", "clock", "--rate-usd-per-hr", "1", "--interval-min", "0"], {}, "--interval-min"),
     (["--provider", "clock", "--rate-usd-per-hr", "1", "--disk-usd", "-2"], {}, "--disk-usd"),
     (["--provider", "lambda", "--pod-id", "p"], {"LAMBDA_API_KEY": KEY}, "--instance-id"),
-    (["--provider", "lambda", "--base-url", "{base}"], {"LAMBDA_API_KEY": KEY}, "--instance-id ID"),
-    (["--provider", "lambda", "--base-url", "{base}", "--instance-id", "x"], {"LAMBDA_API_KEY": KEY}, "no such"),
+    (["--provider", "lambda", "--provider-base-url", "{base}"], {"LAMBDA_API_KEY": KEY}, "--instance-id ID"),
+    (["--provider", "lambda", "--provider-base-url", "{base}", "--instance-id", "x"], {"LAMBDA_API_KEY": KEY},
+     "no such"),
 ])
 def test_cli_usage_errors_exit_2(cloud, tmp_path, monkeypatch, capsys, args, env, needle):
     state, base = cloud
@@ -534,7 +535,7 @@ def test_polling_loop_in_a_process_stops_on_signal(cloud, tmp_path, sig):
     state, base = cloud
     out = tmp_path / "budget.json"
     env = {**os.environ, "LAMBDA_API_KEY": KEY, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "x1_pretrain.budget_sidecar", "--provider", "lambda", "--base-url", base,
+    cmd = [sys.executable, "-m", "x1_pretrain.budget_sidecar", "--provider", "lambda", "--provider-base-url", base,
            "--out", str(out), "--interval-min", "0.001", "--timeout-s", "2"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)

@@ -91,3 +91,59 @@ def test_configs_are_frozen():
 def test_world_size_rule():
     assert C.validate(C.Config(), world_size=2)
     assert not C.validate(C.Config(train=C.TrainConfig(grad_accum_steps=8)), world_size=2)
+
+
+def test_the_lab_config_holds_the_labs_budget_and_checkpoint_cadence():
+    cfg = C.load(REPO / "configs" / "x1-50m-a100.yaml")
+    b = cfg.budget
+    assert (b.cap_usd, b.alert_usd, b.buffer_usd, b.reserve_min, b.check_every_min) == (35.0, 30.0, 5.0, 10.0, 30.0)
+    assert (b.sidecar_interval_min, b.unknown_grace_min, b.stop_wait_s, b.max_rate_usd_per_hr) == (5.0, 60.0, 120.0, 1.4)
+    assert (b.fit, b.max_hours) == (False, 24.0)
+    assert (cfg.checkpoint.every_steps, cfg.checkpoint.keep_last) == (1800, 3)
+
+
+def test_every_section_is_keyword_only():
+    """Fields share types: a positional swap of two floats would run silently, so it must not compile."""
+    for cls in (*C.SECTIONS.values(), C.Config):
+        with pytest.raises(TypeError):
+            cls(1)
+
+
+def test_budget_rules_name_the_key_and_the_flag(tmp_path):
+    p = write(tmp_path, "budget: {cap_usd: 35, alert_usd: 40, check_every_min: 0, assumed_mfu: 2, fit: true}\n")
+    with pytest.raises(C.ConfigError) as e:
+        C.load(p)
+    text = str(e.value)
+    for expected in ("budget.alert_usd: 40.0 must be below budget.cap_usd 35.0", "(--budget-alert-usd",
+                     "budget.check_every_min: must be positive", "budget.assumed_mfu: must be in (0, 1]",
+                     "budget.fit: needs optim.schedule 'wsd'"):
+        assert expected in text, text
+
+
+def test_renamed_keys_are_read_for_one_release_with_a_notice(tmp_path, capsys):
+    p = write(tmp_path, "train: {ckpt_every: 7, fit_to_budget: true}\noptim: {schedule: wsd}\n"
+                        "spike: {warmup_steps: 9, skip_spike_steps: true}\n")
+    cfg = C.load(p, sets=["train.ckpt_every_min=15"])
+    assert (cfg.checkpoint.every_steps, cfg.checkpoint.every_min, cfg.budget.fit) == (7, 15.0, True)
+    assert (cfg.spike.baseline_steps, cfg.spike.skip_steps) == (9, True)
+    err = capsys.readouterr().err
+    for old, new in C.RENAMED.items():
+        assert f"{old} is now {new}" in err
+    assert err.count("deprecated") == len(C.RENAMED)
+    both = write(tmp_path, "train: {ckpt_every: 7}\ncheckpoint: {every_steps: 8}\n")
+    with pytest.raises(C.ConfigError, match="train.ckpt_every: renamed checkpoint.every_steps, and both are set"):
+        C.load(both)
+
+
+def test_a_checkpoint_written_before_a_rename_compares_equal():
+    """A resume reads the config a checkpoint recorded: old key names are the same keys, not changes."""
+    new = C.Config().to_dict()
+    old = C.Config().to_dict()
+    old["train"]["ckpt_every"] = old["checkpoint"].pop("every_steps")
+    old["spike"]["warmup_steps"] = old["spike"].pop("baseline_steps")
+    del old["budget"]
+    diffs = C.diff(old, new)
+    assert all(key.startswith("budget.") for key, _, _ in diffs)
+    assert all(key in C.OPERATIONAL_KEYS or key == "budget.fit" for key, _, _ in diffs)
+    old["checkpoint"]["every_steps"] = 5
+    assert ("checkpoint.every_steps", 5, 1800) in C.diff(old, new)

@@ -232,7 +232,7 @@ def test_budget_falls_back_to_the_checkpoint_snapshot(built, tmp_path, capsys):
     assert dollars["spent_usd"] == pytest.approx(SPENT_IN_CHECKPOINT, abs=0.01)
     assert "trainer_state.json" in dollars["source"]
     assert "gone.json does not exist" in capsys.readouterr().out
-    with pytest.raises(X1Error, match="--budget-json"):
+    with pytest.raises(X1Error, match="--budget-curr-cost-uri"):
         manifest._dollars(run, final_of(alone), None, str(built.root / "gone.json"))
 
 

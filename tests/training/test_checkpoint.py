@@ -21,11 +21,11 @@ from ..procs import losses, progress_step, run_info, start, train_cmd, wait_for
 SMALL = ModelConfig(n_layer=1, d_model=32, n_head=2, n_kv_head=1, d_ff=64, seq_len=16, vocab_size=300)
 
 
-def snapshot(step: int, model: torch.nn.Module) -> ck.Snapshot:
+def snapshot(step: int, model: torch.nn.Module) -> ck.StepSnapshot:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long)).backward()
     opt.step()
-    return ck.Snapshot(step, state_dict_for_saving(model), opt.state_dict(), {"step": step, "rng": ck.rng_state()})
+    return ck.StepSnapshot(step, state_dict_for_saving(model), opt.state_dict(), {"step": step, "rng": ck.rng_state()})
 
 
 def test_write_verify_and_skip_damaged(tmp_path):

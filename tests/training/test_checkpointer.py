@@ -55,7 +55,7 @@ def _checkpointer(tmp_path, async_save: bool, clock: Clock, events: list) -> tup
 
 @pytest.mark.parametrize("async_save", [True, False])
 def test_a_full_disk_is_retried_on_schedule_with_one_alert_per_episode(tmp_path, disk, async_save):
-    """--ckpt-every-min 15, a step a minute, 200 steps; the disk is full from minute 20 to minute 100. Attempts
+    """--checkpoint-every-min 15, a step a minute, 200 steps; the disk is full from minute 20 to minute 100. Attempts
     come every 15 minutes, failed or not (not at every step), training goes on in both save modes, one alert
     opens the episode and one closes it when a write succeeds again."""
     clock, events = Clock(), []

@@ -100,7 +100,7 @@ def test_a_budget_stop_at_start_ends_every_rank(demo_data, tmp_path):
                                   "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
     ckpt = tmp_path / "c"
     r = subprocess.run(ddp_cmd(demo_data, ckpt, 5, "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget),
-                               "--expected-step-s", "0.1", "--force-launch"),
+                               "--budget-expected-step-s", "0.1", "--force-launch"),
                        capture_output=True, text=True, cwd=REPO, timeout=180)
     assert r.returncode != 0
     assert json.loads((ckpt / "exit_status.json").read_text())["exit_code"] == 4

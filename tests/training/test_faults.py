@@ -140,7 +140,7 @@ def test_a_relaunch_the_gate_refuses_still_ends_with_final_weights_and_a_finishe
     budget.write_text(json.dumps({"spent_usd": 1.0, "rate_usd_per_hr": 30.0, "hours_elapsed": 0.1,
                                   "projected_total_usd": 1.0, "last_update_utc": now}))
     cmd = train_cmd(demo_data, ckpt, 400, "--resume-from-latest", "--budget-cap-usd", "35",
-                    "--budget-curr-cost-uri", str(budget), "--expected-step-s", "60", seed=False)
+                    "--budget-curr-cost-uri", str(budget), "--budget-expected-step-s", "60", seed=False)
     code = train.main(cmd[cmd.index("x1_pretrain.train") + 1:])
     assert code == 3
     assert (ckpt / ck.FINAL_MODEL).exists() and (ckpt / ck.FINAL_OPTIM).exists()
@@ -149,4 +149,4 @@ def test_a_relaunch_the_gate_refuses_still_ends_with_final_weights_and_a_finishe
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     reason = runs[0].data.tags["end_reason"]
     assert runs[0].data.tags["exit_code"] == "3" and reason.startswith("launch refused: the rate is $30.00/h")
-    assert re.search(r"--total-steps \d+ --allow-config-change, or --fit-to-budget --allow-config-change", reason)
+    assert re.search(r"--total-steps \d+ --allow-config-change, or --budget-fit --allow-config-change", reason)

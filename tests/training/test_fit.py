@@ -1,4 +1,4 @@
-"""--fit-to-budget end to end, with real processes and a billing simulation in which the cap arrives early."""
+"""--budget-fit end to end, with real processes and a billing simulation in which the cap arrives early."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ WSD = ["--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.5", "--se
 
 
 def fit_args(budget: Path, *extra: str, cap: float = CAP) -> list[str]:
-    return [*WSD, "--fit-to-budget", "--budget-cap-usd", str(cap), "--budget-alert-usd", str(cap * 0.95),
+    return [*WSD, "--budget-fit", "--budget-cap-usd", str(cap), "--budget-alert-usd", str(cap * 0.95),
             "--budget-curr-cost-uri", str(budget),
             "--budget-check-every-min", "0.003", "--budget-reserve-min", "0.005", "--budget-buffer-usd", "0",
-            "--expected-step-s", "0.2", "--force-launch", *extra]
+            "--budget-expected-step-s", "0.2", "--force-launch", *extra]
 
 
 def history(ckpt: Path, key: str) -> dict[int, float]:
@@ -36,9 +36,9 @@ def history(ckpt: Path, key: str) -> dict[int, float]:
 
 def test_cosine_with_fit_to_budget_is_refused_with_the_fix(tmp_path, capsys):
     code = train.main(["--config", str(TINY), "--data-dir", str(tmp_path), "--ckpt-dir", str(tmp_path / "c"),
-                       "--fit-to-budget"])
+                       "--budget-fit"])
     err = capsys.readouterr().err
-    assert code == 2 and "train.fit_to_budget: needs optim.schedule 'wsd', not 'cosine'" in err
+    assert code == 2 and "budget.fit: needs optim.schedule 'wsd', not 'cosine'" in err
     assert "--set optim.schedule=wsd" in err
 
 

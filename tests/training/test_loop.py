@@ -59,7 +59,7 @@ class Console(list):
 
 
 class ProposeAt:
-    """What --fit-to-budget's check does, at a chosen boundary: the end it proposes is the one ``fitted_end``
+    """What --budget-fit's check does, at a chosen boundary: the end it proposes is the one ``fitted_end``
     computes when ``fit`` steps fit at a check made during step ``at`` (so ``steps_done`` was ``at - 1``)."""
 
     def __init__(self, at: int, fit: int) -> None:

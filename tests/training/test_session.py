@@ -34,12 +34,12 @@ def history(client, run_id: str, key: str) -> dict[int, float]:
 
 
 def test_metrics_params_and_tags_at_every_log_step(demo_data, tmp_path, capsys):
-    """Also: both MFU figures, labelled, with --peak-tflops; --ckpt-every-min checkpoints by the clock when
+    """Also: both MFU figures, labelled, with --peak-tflops; --checkpoint-every-min checkpoints by the clock when
     --ckpt-every (here 1000 steps) never comes."""
     ckpt = tmp_path / "ckpt"
     code = train.main(["--config", str(TINY), "--data-dir", str(demo_data), "--ckpt-dir", str(ckpt),
                        "--total-steps", "12", "--log-every", "4", "--eval-every", "6", "--peak-tflops", "1.0",
-                       "--ckpt-every", "1000", "--ckpt-every-min", "0.0001", *FAST])
+                       "--ckpt-every", "1000", "--checkpoint-every-min", "0.0001", *FAST])
     assert code == 0
     out = capsys.readouterr().out
     uri = f"sqlite:///{ckpt.resolve()}/mlflow.db"
@@ -124,10 +124,10 @@ def test_throughput_floor_exits_6_in_the_first_hour_and_warns_once_after_it(demo
     code = train.main([*base, "--ckpt-dir", str(tmp_path / "c"), *floor])
     assert code == EXIT_SLOW                      # the lab's floor, inside its first hour (the default window)
     assert "below --min-tokens-per-s 1,000,000,000,000: stopping to diagnose (exit 6)" in capsys.readouterr().out
-    code = train.main([*base, "--ckpt-dir", str(tmp_path / "d"), *floor, "--min-tokens-per-s-window", "0"])
+    code = train.main([*base, "--ckpt-dir", str(tmp_path / "d"), *floor, "--min-tokens-per-s-window-min", "0"])
     out = capsys.readouterr().out
     assert code == 0 and out.count("training goes on (diagnose it") == 1   # one warning for one episode
-    code = train.main([*base, "--ckpt-dir", str(tmp_path / "e"), *floor, "--min-tokens-per-s-window", "0",
+    code = train.main([*base, "--ckpt-dir", str(tmp_path / "e"), *floor, "--min-tokens-per-s-window-min", "0",
                        "--min-tokens-per-s-always"])
     assert code == EXIT_SLOW
 

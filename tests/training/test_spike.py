@@ -146,7 +146,7 @@ def test_injected_run_jumps_at_exactly_those_steps_and_a_clean_run_has_no_spike(
 def test_skip_spike_steps_skips_the_updates(demo_data, tmp_path):
     assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), "--total-steps", "30", *FAST,
                        "--ckpt-dir", str(tmp_path / "c"), "--inject-spike-at-step", "25", "--spike-batches", "2",
-                       "--skip-spike-steps"]) == 0
+                       "--spike-skip-steps"]) == 0
     assert metric(tmp_path / "c", "spike/update_skipped") == {25: 1.0, 26: 1.0}
 
 

@@ -17,14 +17,14 @@ from .source import read_source
 
 
 @dataclass(frozen=True)
-class Plan:
+class LaunchPlan:
     """The run the user is about to pay for."""
 
     total_steps: int
     steps_done: int
     step_s: float | None                # expected seconds per optimizer step (None: unknown)
     resumed: bool = False               # a relaunch: the hint must name --allow-config-change
-    fit_to_budget: bool = False         # total_steps is an upper bound; the end follows the money
+    fit: bool = False         # total_steps is an upper bound; the end follows the money
 
     @property
     def hours_left(self) -> float | None:
@@ -53,47 +53,47 @@ def money_at(snapshot: Snapshot, limits: Limits) -> Money:
                  snapshot.fixed_usd is not None, 0.0, limits.reserve_min)
 
 
-def planned_total(snapshot: Snapshot, plan: Plan, limits: Limits) -> float | None:
+def planned_total(snapshot: Snapshot, plan: LaunchPlan, limits: Limits) -> float | None:
     """The whole bill of the planned run, buffer kept (as ``plan`` prints it)."""
     h = plan.hours_left
     return None if h is None else money_at(snapshot, limits).total_usd(h)
 
 
-def fitting_steps(snapshot: Snapshot, plan: Plan, limits: Limits) -> int | None:
+def fitting_steps(snapshot: Snapshot, plan: LaunchPlan, limits: Limits) -> int | None:
     """Steps in all (done + to come) that fit under the cap with the buffer kept; the number ``plan`` prints."""
     if plan.step_s is None or snapshot.rate_usd_per_hr <= 0:
         return None
     return plan.steps_done + steps_that_fit(money_at(snapshot, limits), plan.step_s)
 
 
-def expectation(reading: Reading, plan: Plan, limits: Limits) -> str | None:
-    """With --fit-to-budget: what the run expects to reach at launch (None when unknown)."""
+def expectation(reading: Reading, plan: LaunchPlan, limits: Limits) -> str | None:
+    """With --budget-fit: what the run expects to reach at launch (None when unknown)."""
     snap = reading.snapshot
     fit = fitting_steps(snap, plan, limits) if snap is not None else None
     if snap is None or fit is None:
         return None
     end = min(fit, plan.total_steps)
     cost = money_at(snap, limits).total_usd(max(end - plan.steps_done, 0) * (plan.step_s or 0.0) / 3600)
-    return (f"--fit-to-budget: expect to reach about step {end:,} of at most {plan.total_steps:,} "
+    return (f"--budget-fit: expect to reach about step {end:,} of at most {plan.total_steps:,} "
             f"(${cost:.2f} in all with the ${limits.lines.buffer_usd:.2f} buffer; the end follows the money "
             "at every check)")
 
 
-def gate_problems(reading: Reading, plan: Plan, limits: Limits, max_rate: float) -> list[str]:
+def gate_problems(reading: Reading, plan: LaunchPlan, limits: Limits, max_rate: float) -> list[str]:
     """Reasons not to start at all (each with what to do instead); empty when launching is fine."""
     snap = reading.snapshot
     if snap is None:
         return []
     out = []
     if snap.rate_usd_per_hr > max_rate:
-        out.append(f"the rate is ${snap.rate_usd_per_hr:.2f}/h, above --max-rate-usd-per-hr ${max_rate:.2f}: do not "
-                   "launch; wait 4 hours and check again (RunPod community at ~$0.79/h is an acceptable fallback), "
-                   "or --force-launch")
+        out.append(f"the rate is ${snap.rate_usd_per_hr:.2f}/h, above --budget-max-rate-usd-per-hr ${max_rate:.2f}: "
+                   "do not launch; wait 4 hours and check again (RunPod community at ~$0.79/h is an acceptable "
+                   "fallback), or --force-launch")
     total = planned_total(snap, plan, limits)
-    if plan.fit_to_budget:
+    if plan.fit:
         fit = fitting_steps(snap, plan, limits)
         if fit is not None and fit <= plan.steps_done:
-            out.append(f"--fit-to-budget: not even one more step fits (spent ${snap.spent_usd:.2f} of "
+            out.append(f"--budget-fit: not even one more step fits (spent ${snap.spent_usd:.2f} of "
                        f"${limits.cap_usd:.2f}, with the reserve, fixed lines and the ${limits.lines.buffer_usd:.2f} "
                        "buffer); raise the cap or --force-launch")
         return out
@@ -105,7 +105,7 @@ def gate_problems(reading: Reading, plan: Plan, limits: Limits, max_rate: float)
                    f"{plan.total_steps - plan.steps_done:,} steps x {plan.step_s:.2f} s x "
                    f"${snap.rate_usd_per_hr:.2f}/h + reserve, fixed lines and the ${limits.lines.buffer_usd:.2f} "
                    f"buffer), over the cap ${limits.cap_usd:.2f}; about {fit:,} steps in all fit: relaunch with "
-                   f"--total-steps {fit}{again}, or --fit-to-budget{again} (optim.schedule wsd) to end the schedule "
+                   f"--total-steps {fit}{again}, or --budget-fit{again} (optim.schedule wsd) to end the schedule "
                    f"where the money ends, or --force-launch{ended}")
     return out
 
@@ -114,7 +114,7 @@ def _show(d: Decision) -> str:
     return f"{d.action.value} ({d.reason})"
 
 
-def dry_run(source: str, limits: Limits, plan: Plan, max_rate: float, alerter: Any,
+def dry_run(source: str, limits: Limits, plan: LaunchPlan, max_rate: float, alerter: Any,
             log: Callable[[str], None], now: datetime | None = None) -> int:
     """Check everything the real run needs; send a test alert. 0 only when all is in place."""
     now = now or datetime.now(timezone.utc)
@@ -133,10 +133,10 @@ def dry_run(source: str, limits: Limits, plan: Plan, max_rate: float, alerter: A
             failures.append(f"budget source: the reading is {age_min:.1f} min old; is the sidecar polling?")
         total = planned_total(snap, plan, limits)
         if total is None:
-            failures.append("plan: the expected step time is unknown; pass --expected-step-s (measure it, e.g. "
+            failures.append("plan: the expected step time is unknown; pass --budget-expected-step-s (measure it, e.g. "
                             "with bench/gpu_check.sh) so the cost of the run can be checked")
             log("plan: step time unknown: FAIL")
-        elif plan.fit_to_budget:
+        elif plan.fit:
             log(f"plan: {expectation(reading, plan, limits)}: OK")
         else:
             log(f"plan: {plan.total_steps - plan.steps_done:,} steps x {plan.step_s:.2f} s = {plan.hours_left:.1f} h "

@@ -1,6 +1,6 @@
 """The cost ledger: ``<ckpt-dir>/budget_ledger.json``, the budget guard's memory across processes.
 
-It holds when the run first started (``--max-hours`` counts wall time from there, downtime included) and
+It holds when the run first started (``--budget-max-hours`` counts wall time from there, downtime included) and
 what the guard has seen and decided: the spend it used (never decreasing) and when, the rate that
 ages it, the launch rate, the newest valid reading, which alerts were sent, since when the spend has been
 unknown, and a bounded list of events (checks that warned, alerted or stopped; each process start). It is
@@ -82,7 +82,7 @@ class Ledger:
         self._log = log
         self.events: list[dict[str, Any]] = []
         self.created_utc: str | None = None
-        self.run_started_utc: str | None = None   # the run's first start (--max-hours counts from it)
+        self.run_started_utc: str | None = None   # the run's first start (--budget-max-hours counts from it)
 
     def load(self, fallback: dict[str, Any] | None = None) -> Memory:
         """The memory in the ledger, else in ``fallback`` (a checkpoint's budget snapshot), else empty."""

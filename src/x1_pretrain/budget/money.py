@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-DEFAULT_MFU = 0.40           # honest MFU assumed when no step time is measured (ERRATA 1; bench/gpu_check.sh)
-DEFAULT_RESERVE_MIN = 10.0   # the final checkpoint, export_run and shutdown, billed after the last step
+from ..core.defaults import DEFAULT_MFU, DEFAULT_RESERVE_MIN  # noqa: F401  (shared with the config's budget:)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ class BudgetMonitor:
         self.source = source
         self.limits = limits
         self._fx = fx
-        self.fit_mode = fit_mode          # --fit-to-budget: a projection over the cap moves the end, not a stop
+        self.fit_mode = fit_mode          # --budget-fit: a projection over the cap moves the end, not a stop
         self.ledger = ledger
         self.memory = ledger.load(fallback) if ledger is not None else Memory()
         self.last: Decision | None = None

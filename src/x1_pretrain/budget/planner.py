@@ -138,7 +138,7 @@ def make_plan(cfg: C.Config, gpu: str | None, rate: float, ask: Ask = Ask()) -> 
     if rate <= 0:
         problems.append(f"--rate-usd-per-hr {rate} must be positive")
     if not 0 < mfu <= 1:
-        problems.append(f"--mfu {mfu} must be in (0, 1]")
+        problems.append(f"--budget-assumed-mfu {mfu} must be in (0, 1]")
     if tokens_per_s is not None and tokens_per_s <= 0:
         problems.append(f"--tokens-per-s {tokens_per_s} must be positive")
     if (hours is not None and hours <= 0) or (steps is not None and steps <= 0) or n_gpus < 1 or setup_hours < 0:
@@ -149,7 +149,7 @@ def make_plan(cfg: C.Config, gpu: str | None, rate: float, ask: Ask = Ask()) -> 
     measured = tokens_per_s is not None
     if tokens_per_s is None:
         if peak is None:
-            raise X1Error(f"--gpu is needed to turn --mfu into tokens/s (choices: {', '.join(GPUS)}), "
+            raise X1Error(f"--gpu is needed to turn --budget-assumed-mfu into tokens/s (choices: {', '.join(GPUS)}), "
                           "or give a measured --tokens-per-s")
         tokens_per_s = mfu * peak * 1e12 * n_gpus / flops.flops_per_token(cfg.model).honest
     plan = Plan(cfg, gpu or "an unnamed GPU", n_gpus, peak, rate, tokens_per_s, measured,

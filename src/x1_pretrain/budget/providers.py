@@ -38,7 +38,7 @@ class SelectionError(X1Error):
 
 
 @dataclass(frozen=True)
-class Reading:
+class BillingReading:
     """What one poll learned: the hourly rate, the provider's uptime and account balance if it reports them,
     and which instance or pod was read."""
 
@@ -80,7 +80,7 @@ def _select(items: list[tuple[str, bool, Any]], wanted: str | None, noun: str, f
     raise SelectionError(f"{len(running)} running {noun}s ({ids}): pass {flag} ID to say which one to follow.")
 
 
-def parse_lambda(payload: Any, instance_id: str | None = None) -> Reading:
+def parse_lambda(payload: Any, instance_id: str | None = None) -> BillingReading:
     """Lambda's ``GET /api/v1/instances`` answer → the followed instance's rate (no uptime in this API)."""
     data = _field(payload, "data", "body")
     if not isinstance(data, list):
@@ -93,10 +93,10 @@ def parse_lambda(payload: Any, instance_id: str | None = None) -> Reading:
     itype = _field(inst, "instance_type", f"data[{i}]")
     cents = _number(_field(itype, "price_cents_per_hour", f"data[{i}].instance_type"),
                     f"data[{i}].instance_type.price_cents_per_hour")
-    return Reading(rate_usd_per_hr=cents / 100.0, uptime_s=None, resource_id=rid)
+    return BillingReading(rate_usd_per_hr=cents / 100.0, uptime_s=None, resource_id=rid)
 
 
-def parse_runpod(payload: Any, pod_id: str | None = None) -> Reading:
+def parse_runpod(payload: Any, pod_id: str | None = None) -> BillingReading:
     """RunPod's GraphQL ``myself { pods … }`` answer → the followed pod's rate and uptime."""
     if isinstance(payload, dict) and payload.get("errors"):
         errors = payload["errors"]
@@ -119,7 +119,7 @@ def parse_runpod(payload: Any, pod_id: str | None = None) -> Reading:
     if isinstance(runtime, dict) and runtime.get("uptimeInSeconds") is not None:
         uptime = _number(runtime["uptimeInSeconds"], f"pods[{i}].runtime.uptimeInSeconds")
     money = _number(balance, "myself.clientBalance") if isinstance(balance, (int, float)) and balance >= 0 else None
-    return Reading(rate_usd_per_hr=rate, uptime_s=uptime, resource_id=rid, balance_usd=money)
+    return BillingReading(rate_usd_per_hr=rate, uptime_s=uptime, resource_id=rid, balance_usd=money)
 
 
 def _redact(text: str, secret: str) -> str:
@@ -157,7 +157,7 @@ class ApiSource:
     timeout_s: float
     resource_id: str | None = None
 
-    def read(self) -> Reading:
+    def read(self) -> BillingReading:
         base = self.base_url.rstrip("/")
         try:
             if self.provider == "lambda":
@@ -210,5 +210,5 @@ class ClockSource:
     rate_usd_per_hr: float
     provider: str = "clock"
 
-    def read(self) -> Reading:
-        return Reading(self.rate_usd_per_hr, None, "clock")
+    def read(self) -> BillingReading:
+        return BillingReading(self.rate_usd_per_hr, None, "clock")

@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from ..core.errors import EXIT_OK, X1Error
 from ..core.fileio import write_text_atomic
-from .providers import ApiSource, ClockSource, PollError, Reading, SelectionError
+from .providers import ApiSource, BillingReading, ClockSource, PollError, SelectionError
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 CROSS_CHECK_USD = 0.50      # the balance and the integrated total may differ this much (or 10 %) silently
@@ -110,7 +110,7 @@ def load_state(out: Path) -> State:
     return State()
 
 
-def resolve_start(state: State, flag: str | None, reading: Reading, now: datetime) -> None:
+def resolve_start(state: State, flag: str | None, reading: BillingReading, now: datetime) -> None:
     """When billing started, and what said so: --started-utc, else the provider's uptime, else (a VM) this
     machine's boot time, else now. Decided once, at the first good poll, and kept in the state."""
     if state.started_utc is not None and flag is None:
@@ -130,7 +130,7 @@ def resolve_start(state: State, flag: str | None, reading: Reading, now: datetim
         state.started_utc, state.started_from = now, "the sidecar's first poll (no boot time known)"
 
 
-def integrate(state: State, reading: Reading, now: datetime) -> list[str]:
+def integrate(state: State, reading: BillingReading, now: datetime) -> list[str]:
     """Add this poll's interval to the running total; returns notes worth a log line."""
     notes: list[str] = []
     rate = reading.rate_usd_per_hr
@@ -150,7 +150,7 @@ def integrate(state: State, reading: Reading, now: datetime) -> list[str]:
     return notes
 
 
-def cross_check(state: State, reading: Reading) -> tuple[float | None, list[str]]:
+def cross_check(state: State, reading: BillingReading) -> tuple[float | None, list[str]]:
     """Spend according to the account balance (RunPod), and notes when it and the total disagree."""
     if reading.balance_usd is None:
         return None, []
@@ -166,7 +166,7 @@ def cross_check(state: State, reading: Reading) -> tuple[float | None, list[str]
     return by_balance, []
 
 
-def build_budget(state: State, reading: Reading, balance_spent: float | None, now: datetime,
+def build_budget(state: State, reading: BillingReading, balance_spent: float | None, now: datetime,
                  ask: BudgetAsk) -> dict[str, Any]:
     """The budget.json contents after a good poll."""
     assert state.started_utc is not None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from .errors import EXIT_UNEXPECTED, X1Error
 
@@ -21,3 +23,20 @@ def guarded(body: Callable[[], int], os_errors: bool = False) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return EXIT_UNEXPECTED
+
+
+def old_spelling(group: Any, old: str, new: argparse.Action) -> None:
+    """Accept ``old`` for one release as another spelling of the flag ``new``: the same destination and type,
+    hidden from the help (the new flag's help names it), and a one-line notice on stderr when it is used."""
+    takes_value = new.nargs != 0
+    target = new.option_strings[0]
+
+    class _Old(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                     option_string: str | None = None) -> None:
+            print(f"warning: deprecated: {old} is now {target} (the old spelling works for one release)",
+                  file=sys.stderr)
+            setattr(namespace, self.dest, values if takes_value else new.const)
+
+    group.add_argument(old, dest=new.dest, action=_Old, nargs=None if takes_value else 0, type=new.type,
+                       choices=new.choices, help=argparse.SUPPRESS, metavar=new.metavar, default=argparse.SUPPRESS)

@@ -14,15 +14,22 @@ import difflib
 import hashlib
 import json
 import math
+import sys
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from .defaults import DEFAULT_MFU, DEFAULT_RESERVE_MIN
 from .errors import X1Error
+
+
+def _notice(msg: str) -> None:
+    print(f"warning: deprecated: {msg}", file=sys.stderr)
 
 
 class ConfigError(X1Error):
@@ -34,7 +41,7 @@ class ConfigError(X1Error):
         super().__init__(f"{source}: {len(problems)} problem(s):\n{lines}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     n_layer: int = 8                 # transformer blocks
     d_model: int = 768               # residual width
@@ -59,7 +66,7 @@ class ModelConfig:
         return self.d_model // self.n_head
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     lr: float = 3e-4                 # peak learning rate
     min_lr: float = 3e-5             # cosine floor
@@ -75,7 +82,7 @@ class OptimConfig:
     grad_clip: float = 1.0           # max global grad norm; 0 disables clipping
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     total_steps: int = 84000         # optimizer steps
     batch_size: int = 512            # sequences per optimizer step (global, all ranks)
@@ -90,13 +97,10 @@ class TrainConfig:
     log_every: int = 10              # steps between metric logs
     eval_every: int = 1800           # steps between val evals (and one at the end)
     eval_batches: int = 20           # micro-batches in the fixed val set
-    ckpt_every: int = 1800           # steps between checkpoints
-    ckpt_every_min: float = 0.0      # and at most this many minutes of wall clock between them (0: steps only)
     prefetch: int = 4                # batches prepared ahead by the loader thread
     min_tokens_per_s: float | None = None  # stop (exit 6) when the warm mean falls below this ...
     min_tokens_per_s_window_min: float = 60.0  # ... during the run's first this-many minutes of training
     min_tokens_per_s_always: bool = False      # ... or at any time (later drops are otherwise logged and alerted)
-    fit_to_budget: bool = False      # total_steps becomes an upper bound; the end follows the money (wsd only)
     throughput_window: int = 50      # steps in the warm throughput window
     fused_loss: bool = True          # LM head + cross-entropy in one pass over token chunks (no full logits)
     loss_chunk_tokens: int = 4096    # tokens per chunk of the one-pass loss
@@ -105,30 +109,54 @@ class TrainConfig:
     deterministic: bool = False      # deterministic kernels (flash-attn backward, cuBLAS): bitwise GPU resume
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
+    every_steps: int = 1800          # steps between checkpoints (the lab's flag: --ckpt-every)
+    every_min: float = 0.0           # and at most this many minutes of wall clock between them (0: steps only)
     keep_last: int = 3               # complete step_* dirs kept (plus any holding a PIN file)
     async_save: bool = True          # write on a background thread after a CPU snapshot
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpikeConfig:
     ema_alpha: float = 0.05          # weight of the newest loss in the moving baseline (window ~1/alpha steps)
-    warmup_steps: int = 20           # steps observed before anything can be called a spike
+    baseline_steps: int = 20         # steps the baseline observes before anything can be called a spike
     loss_sigma: float = 6.0          # a spike's loss is this many noise units above the baseline ...
     min_loss_jump: float = 0.5       # ... and at least this many nats above it
     grad_factor: float = 5.0         # or its grad norm is this many times the recent median
     grad_window: int = 50            # steps in that median
-    skip_spike_steps: bool = False   # skip the optimizer update of a detected spike (llm.c / OLMo-core style)
+    skip_steps: bool = False         # skip the optimizer update of a detected spike (llm.c / OLMo-core style)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class BudgetConfig:
+    """The budget guard (docs/budget.md). Each key is also the trainer's flag ``--budget-<key>``; ``cap_usd``
+    null means no guard. Where the spend is read from (``--budget-curr-cost-uri``) is a flag only: it names a
+    file or URL of one machine, and a URL may carry a key."""
+
+    cap_usd: float | None = None      # hard dollar cap; enables the guard (the lab: 35)
+    alert_usd: float = 30.0           # email + Slack once the spend passes this
+    buffer_usd: float = 5.0           # kept aside by the launch gate (and plan) for one restart
+    reserve_min: float = DEFAULT_RESERVE_MIN  # minutes billed after the last step, counted in every projection
+    check_every_min: float = 30.0     # minutes between the guard's checks
+    sidecar_interval_min: float = 5.0  # the sidecar's --interval-min; a reading older than 3 of them is stale
+    unknown_grace_min: float = 60.0   # stop with a checkpoint once the spend has been unknown this long
+    stop_wait_s: float = 120.0        # projected over the cap: the longest wait for a step boundary, then exit 4
+    max_rate_usd_per_hr: float = 1.40  # the launch gate refuses a higher hourly rate (the lab's rule)
+    fit: bool = False                 # train.total_steps becomes an upper bound; the end follows the money (wsd)
+    max_hours: float | None = None    # with fit: hours of wall clock from the run's first start (downtime too)
+    expected_step_s: float | None = None  # measured seconds per step for the planned cost (else the GPU's peak)
+    assumed_mfu: float = DEFAULT_MFU  # honest MFU for the planned cost when expected_step_s is not given
+
+
+@dataclass(frozen=True, kw_only=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     spike: SpikeConfig = field(default_factory=SpikeConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -279,9 +307,6 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
         p.append(f"optim.min_lr: must be in [0, optim.lr={o.lr}], got {o.min_lr}")
     if not 0 < o.decay_fraction <= 1:
         p.append(f"optim.decay_fraction: must be in (0, 1], got {o.decay_fraction}")
-    if t.fit_to_budget and o.schedule != "wsd":
-        p.append(f"train.fit_to_budget: needs optim.schedule 'wsd', not {o.schedule!r} (a cosine's shape depends on "
-                 "a total that is not known in advance); use --set optim.schedule=wsd")
     if o.warmup_steps < 0:
         p.append(f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
     for key in ("beta1", "beta2"):
@@ -290,7 +315,7 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
     if o.weight_decay < 0 or o.grad_clip < 0 or o.eps <= 0:
         p.append("optim.weight_decay and optim.grad_clip must be >= 0 and optim.eps > 0")
     for key in ("total_steps", "batch_size", "micro_batch_size", "grad_accum_steps", "log_every",
-                "eval_every", "eval_batches", "ckpt_every", "prefetch", "throughput_window", "loss_chunk_tokens"):
+                "eval_every", "eval_batches", "prefetch", "throughput_window", "loss_chunk_tokens"):
         if getattr(t, key) <= 0:
             p.append(f"train.{key}: must be positive, got {getattr(t, key)}")
     if t.micro_batch_size > 0 and t.grad_accum_steps > 0 and \
@@ -305,20 +330,79 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
     s = cfg.spike
     if not 0 < s.ema_alpha <= 1:
         p.append(f"spike.ema_alpha: must be in (0, 1], got {s.ema_alpha}")
-    if s.warmup_steps < 1 or s.grad_window < 1 or s.loss_sigma <= 0 or s.grad_factor <= 1 or s.min_loss_jump < 0:
-        p.append("spike: warmup_steps and grad_window must be >= 1, loss_sigma > 0, grad_factor > 1, "
+    if s.baseline_steps < 1 or s.grad_window < 1 or s.loss_sigma <= 0 or s.grad_factor <= 1 or s.min_loss_jump < 0:
+        p.append("spike: baseline_steps and grad_window must be >= 1, loss_sigma > 0, grad_factor > 1, "
                  "min_loss_jump >= 0")
-    if cfg.checkpoint.keep_last < 1:
-        p.append(f"checkpoint.keep_last: must be at least 1, got {cfg.checkpoint.keep_last}")
-    if t.ckpt_every_min < 0:
-        p.append(f"train.ckpt_every_min: must be >= 0 (0 turns the wall-clock cadence off), got {t.ckpt_every_min}")
+    c = cfg.checkpoint
+    if c.keep_last < 1:
+        p.append(f"checkpoint.keep_last: must be at least 1, got {c.keep_last}")
+    if c.every_steps <= 0:
+        p.append(f"checkpoint.every_steps: must be positive, got {c.every_steps}")
+    if c.every_min < 0:
+        p.append(f"checkpoint.every_min: must be >= 0 (0 turns the wall-clock cadence off), got {c.every_min}")
     if t.min_tokens_per_s_window_min < 0:
         p.append(f"train.min_tokens_per_s_window_min: must be >= 0, got {t.min_tokens_per_s_window_min}")
     if t.min_tokens_per_s is not None and t.min_tokens_per_s <= 0:
         p.append(f"train.min_tokens_per_s: must be positive when set, got {t.min_tokens_per_s}")
     if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):
         p.append(f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
+    return p + _budget_problems(cfg.budget, o)
+
+
+def _budget_problems(b: BudgetConfig, o: OptimConfig) -> list[str]:
+    p: list[str] = []
+    if b.cap_usd is not None and b.cap_usd <= 0:
+        p.append(f"budget.cap_usd: must be positive (or null: no guard), got {b.cap_usd}")
+    if b.cap_usd is not None and not 0 <= b.alert_usd < b.cap_usd:
+        p.append(f"budget.alert_usd: {b.alert_usd} must be below budget.cap_usd {b.cap_usd} and >= 0 "
+                 "(--budget-alert-usd, --budget-cap-usd)")
+    for key in ("check_every_min", "sidecar_interval_min", "unknown_grace_min", "stop_wait_s", "max_rate_usd_per_hr"):
+        if getattr(b, key) <= 0:
+            p.append(f"budget.{key}: must be positive, got {getattr(b, key)}")
+    for key in ("buffer_usd", "reserve_min"):
+        if getattr(b, key) < 0:
+            p.append(f"budget.{key}: must be >= 0, got {getattr(b, key)}")
+    for key in ("max_hours", "expected_step_s"):
+        if getattr(b, key) is not None and getattr(b, key) <= 0:
+            p.append(f"budget.{key}: must be positive when set, got {getattr(b, key)}")
+    if not 0 < b.assumed_mfu <= 1:
+        p.append(f"budget.assumed_mfu: must be in (0, 1], got {b.assumed_mfu}")
+    if b.fit and o.schedule != "wsd":
+        p.append(f"budget.fit: needs optim.schedule 'wsd', not {o.schedule!r} (a cosine's shape depends on "
+                 "a total that is not known in advance); use --set optim.schedule=wsd")
     return p
+
+
+# Keys that moved: the old spelling is still read, for one release, with a one-line notice (old -> new).
+RENAMED: dict[str, str] = {
+    "train.ckpt_every": "checkpoint.every_steps", "train.ckpt_every_min": "checkpoint.every_min",
+    "train.fit_to_budget": "budget.fit", "spike.warmup_steps": "spike.baseline_steps",
+    "spike.skip_spike_steps": "spike.skip_steps",
+}
+
+
+def upgrade(data: dict[str, Any], notice: Callable[[str], None] | None = None,
+            problems: list[str] | None = None) -> dict[str, Any]:
+    """``data`` (sections of keys) with every renamed key under its new name: a config file written before a
+    rename, or the config a checkpoint recorded. ``notice`` is told of each; both spellings at once is a
+    problem."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for old, new in RENAMED.items():
+        old_s, old_k = old.split(".")
+        section = out.get(old_s)
+        if not isinstance(section, dict) or old_k not in section:
+            continue
+        value = section.pop(old_k)
+        new_s, new_k = new.split(".")
+        target = out.setdefault(new_s, {})
+        if not isinstance(target, dict):
+            continue
+        if new_k in target and problems is not None:
+            problems.append(f"{old}: renamed {new}, and both are set; keep {new} only")
+        target.setdefault(new_k, value)
+        if notice is not None:
+            notice(f"{old} is now {new} (the old key is read for one release)")
+    return out
 
 
 def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[str] | None = None,
@@ -341,7 +425,7 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[s
     if not isinstance(data, dict):
         raise ConfigError(["top level: expected a mapping of sections"], str(path))
     problems: list[str] = []
-    merged = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    merged = upgrade(data, lambda m: _notice(f"{path}: {m}"), problems)
     items = list((overrides or {}).items())
     for s in sets or []:
         key, sep, raw = s.partition("=")
@@ -350,6 +434,9 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[s
             continue
         items.append((key.strip(), yaml.safe_load(raw) if raw.strip() else raw))
     for key, value in items:
+        if key in RENAMED:
+            _notice(f"--set {key}: {key} is now {RENAMED[key]} (the old key is read for one release)")
+            key = RENAMED[key]
         section, _, name = key.partition(".")
         target = merged.setdefault(section, {})
         if not isinstance(target, dict):
@@ -379,14 +466,17 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 # Keys that change how a run is operated, not what it computes: a resume may change them freely.
 OPERATIONAL_KEYS = frozenset({
-    "train.log_every", "train.eval_every", "train.eval_batches", "train.ckpt_every", "train.prefetch",
+    "train.log_every", "train.eval_every", "train.eval_batches", "train.prefetch",
     "train.compile", "train.compile_mode", "train.device", "train.min_tokens_per_s", "train.throughput_window",
-    "train.ckpt_every_min", "train.min_tokens_per_s_window_min", "train.min_tokens_per_s_always",
-    "checkpoint.keep_last", "checkpoint.async_save", "spike.ema_alpha", "spike.warmup_steps", "spike.loss_sigma",
-    "spike.min_loss_jump", "spike.grad_factor", "spike.grad_window",
+    "train.min_tokens_per_s_window_min", "train.min_tokens_per_s_always",
+    "checkpoint.every_steps", "checkpoint.every_min", "checkpoint.keep_last", "checkpoint.async_save",
+    "spike.ema_alpha", "spike.baseline_steps", "spike.loss_sigma", "spike.min_loss_jump", "spike.grad_factor",
+    "spike.grad_window",
     # how the same computation runs: the state fits either way (a change is logged; bitwise resume needs none)
     "train.fused_loss", "train.loss_chunk_tokens", "train.bf16_residual", "train.compile_scope",
     "train.deterministic",
+    # money: the cap, its lines and cadences may change between restarts (budget.fit changes the schedule: not here)
+    *(f"budget.{f.name}" for f in dataclasses.fields(BudgetConfig) if f.name != "fit"),
 })
 
 
@@ -397,8 +487,9 @@ BEFORE_KEY_EXISTED: dict[str, Any] = {"model.vocab_pad_multiple": 1}
 
 
 def diff(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """Keys whose values differ between two config dicts, as (key, a, b)."""
-    fa, fb = flatten(a), flatten(b)
+    """Keys whose values differ between two config dicts, as (key, a, b); renamed keys are compared under their
+    new names."""
+    fa, fb = flatten(upgrade(a)), flatten(upgrade(b))
     return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
 
 

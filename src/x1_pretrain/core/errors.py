@@ -40,7 +40,7 @@ EXIT_CODES = (
     ExitCode(EXIT_DIVERGED, "diverged",
              "diverged: NaN/Inf loss or grad norm (no checkpoint written from those weights)", False),
     ExitCode(EXIT_SLOW, "throughput below floor",
-             "throughput below --min-tokens-per-s (in the first --min-tokens-per-s-window minutes)", False),
+             "throughput below --min-tokens-per-s (in the first --min-tokens-per-s-window-min minutes)", False),
     ExitCode(EXIT_CHECKPOINT_FAILED, "the final or stop checkpoint could not be written (the last good one is kept)",
              "the final or the stop checkpoint could not be written (a full disk); the last complete one stays "
              "latest", True),

@@ -4,7 +4,7 @@
    tokenize it with the lab's command;
 2. act 1: train the tiny config under the watchdog with a spot preemption half-way and an injected loss
    spike, export the bundle, draft the post-mortem and print the Definition-of-Done table;
-3. act 2: the budget runs short half-way: a WSD run with --fit-to-budget anneals and finishes inside the
+3. act 2: the budget runs short half-way: a WSD run with --budget-fit anneals and finishes inside the
    cap, and the DoD table reads its spend.
 
 Everything lands in ``demo-run/`` (or ``--out``); run it again to start over.

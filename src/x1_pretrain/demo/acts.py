@@ -4,7 +4,7 @@ Act 1, *a preempted run with a loss spike*: the tiny config under the watchdog, 
 preemption: it checkpoints, exits 75 and the watchdog resumes it), a loss spike injected at three quarters
 (the lab's DoD check 3), then export_run, the spike post-mortem and the DoD table.
 
-Act 2, *the budget runs short half-way*: the same model on the WSD schedule with ``--fit-to-budget`` under a
+Act 2, *the budget runs short half-way*: the same model on the WSD schedule with ``--budget-fit`` under a
 simulated bill whose price doubles half-way; the run moves its end to what the money still pays for,
 anneals to min_lr there and finishes (exit 0) inside the cap, and the DoD table reads its spend.
 """
@@ -90,10 +90,10 @@ def act_budget_runs_short(config: Path, data: Path, run_dir: Path, total_steps: 
     run_dir.mkdir(parents=True, exist_ok=True)
     budget = run_dir / "budget.json"
     billing = StepBilling(budget, run_dir / "checkpoints", lambda s: 0.02 if s < total_steps // 3 else 0.04)
-    fit = ["--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.25", "--fit-to-budget",
+    fit = ["--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.25", "--budget-fit",
            "--budget-cap-usd", str(cap), "--budget-alert-usd", str(cap * 0.9), "--budget-curr-cost-uri", str(budget),
            "--budget-check-every-min", "0.02", "--budget-reserve-min", "0.05", "--budget-buffer-usd", "0",
-           "--expected-step-s", "0.2", "--force-launch"]
+           "--budget-expected-step-s", "0.2", "--force-launch"]
     try:
         code = under_the_watchdog(train_cmd(config, data, run_dir, total_steps, *fit), run_dir / "checkpoints",
                                   preempt_at=None)
@@ -103,7 +103,7 @@ def act_budget_runs_short(config: Path, data: Path, run_dir: Path, total_steps: 
           flush=True)
     if code != 0:
         return code
-    dod = bundle_and_dod(run_dir, ["--budget-json", str(budget), "--provider", "simulated"], postmortem=False,
+    dod = bundle_and_dod(run_dir, ["--budget-curr-cost-uri", str(budget), "--provider", "simulated"], postmortem=False,
                          dod_extra=("--budget-cap-usd", str(cap)))
     print(f"\n[demo] act 2 bundle: {run_dir / 'run-bundle'}. DoD exit {dod}: check 4 reads the fitted run's spend; "
           "the loss band, the post-mortem and the screenshot are not this act's business.")

@@ -83,7 +83,7 @@ def export(args: argparse.Namespace) -> Path:
                       "export needs at least train/loss")
     points, replayed = runs.dedupe(run.metrics)
     final = mf.locate_final(run, args.ckpt_dir)
-    manifest = mf.build(run, final, points, replayed, mf.Facts(args.spent_usd, args.budget_json, args.provider,
+    manifest = mf.build(run, final, points, replayed, mf.Facts(args.spent_usd, args.curr_cost_uri, args.provider,
                                                                 args.instance_type))
 
     def fill(tmp: Path) -> None:

@@ -139,7 +139,7 @@ def check_spend(m: dict[str, Any] | None, cap: float) -> Check:
     source = _get(m, "dollars.source") or "manifest.json"
     ok = spent <= cap
     fitted = ""
-    if _get(m, "progress.fit_to_budget"):
+    if _get(m, "progress.budget_fit") or _get(m, "progress.fit_to_budget"):   # the second: older bundles
         fitted = (f"; fitted to the budget: {_get(m, 'progress.steps')} steps of at most "
                   f"{_get(m, 'progress.total_steps')}, annealed from step {_get(m, 'progress.decay_start_step')}")
     return Check(4, name, ok, f"{_money(spent)} {'<=' if ok else '>'} {_money(cap)} (from {source}){fitted}")

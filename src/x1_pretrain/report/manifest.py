@@ -24,7 +24,7 @@ from ..budget.ledger import read as read_ledger
 from ..budget.source import read_source
 from ..core import names as N
 from ..core import redact
-from ..core.config import ModelConfig
+from ..core.config import ModelConfig, upgrade
 from ..core.errors import X1Error
 from ..core.fileio import sha256_file
 from ..model import flops
@@ -137,21 +137,21 @@ def _ledger_count(ckpt_dir: Path) -> tuple[float, datetime, Path] | None:
 
 
 def _dollars(run: RunRecord, final: FinalCheckpoint, spent_usd: float | None,
-             budget_json: str | None) -> tuple[dict[str, Any], str | None]:
-    """(dollars section, provider named by budget.json). Order: --spent-usd; --budget-json; the larger of the
+             curr_cost_uri: str | None) -> tuple[dict[str, Any], str | None]:
+    """(dollars section, provider named by budget.json). Order: --spent-usd; --budget-curr-cost-uri; the larger of the
     guard's ledger (``budget_ledger.json`` beside the checkpoints) and the run's budget.json when that is not
     older than the run's end; the checkpoint's snapshot. A budget.json last written before the run ended is
     never used without a warning, printed and recorded in ``notes``."""
     state = final.state
-    snap = state.get("budget") if isinstance(state.get("budget"), dict) else None
+    snap = ck.guard_snapshot(state)
     cap = (snap or {}).get("cap_usd") or _finite(run.tags.get("budget_cap_usd"))
     out: dict[str, Any] = {"spent_usd": None, "cap_usd": cap, "source": None, "notes": []}
     if spent_usd is not None:
         return {**out, "spent_usd": spent_usd, "source": "--spent-usd given to export_run"}, None
-    source = budget_json or run.tags.get("budget_source")
+    source = curr_cost_uri or run.tags.get("budget_source")
     reading = read_source(source) if source else None
-    if budget_json and reading is not None and reading.snapshot is None:
-        raise X1Error(f"--budget-json {budget_json}: {reading.problem}")
+    if curr_cost_uri and reading is not None and reading.snapshot is None:
+        raise X1Error(f"--budget-curr-cost-uri {curr_cost_uri}: {reading.problem}")
     sidecar = reading.snapshot if reading is not None else None
     ended = datetime.fromtimestamp(run.end_ms / 1000, timezone.utc) if run.end_ms else None
     stale = sidecar is not None and ended is not None and sidecar.last_update_utc < ended - timedelta(minutes=1)
@@ -161,7 +161,7 @@ def _dollars(run: RunRecord, final: FinalCheckpoint, spent_usd: float | None,
                 f"ended ({format_time(ended)}): the spend after it is not in it")
         print(f"[export] warning: {note}")
         out["notes"].append(note)
-    counted = None if budget_json else _ledger_count(final.step_dir.parent)
+    counted = None if curr_cost_uri else _ledger_count(final.step_dir.parent)
     if counted is not None and (sidecar is None or stale or sidecar.spent_usd < counted[0]):
         counted_usd, at, path = counted
         if sidecar is not None:
@@ -173,7 +173,7 @@ def _dollars(run: RunRecord, final: FinalCheckpoint, spent_usd: float | None,
             _sidecar_provider(str(source)) if source else None
     if sidecar is not None:
         assert source is not None
-        why = "given as --budget-json" if budget_json else ("at or above the guard's ledger" if counted
+        why = "given as --budget-curr-cost-uri" if curr_cost_uri else ("at or above the guard's ledger" if counted
                                                              else "the run's budget source; no ledger found")
         return {**out, **sidecar.to_json(), "source": f"{redact.url(source)} (the billing sidecar's budget.json, "
                                                       f"{why})"}, _sidecar_provider(source)
@@ -186,7 +186,7 @@ def _dollars(run: RunRecord, final: FinalCheckpoint, spent_usd: float | None,
                 "rate_usd_per_hr": good.get("rate_usd_per_hr"), "last_update_utc": good.get("last_update_utc"),
                 "projected_total_usd": _finite(snap.get("projected_usd")),
                 "source": "budget snapshot in the final checkpoint's trainer_state.json"}, None
-    return {**out, "source": "the run had no budget guard (--budget-cap-usd); pass --budget-json "
+    return {**out, "source": "the run had no budget guard (--budget-cap-usd); pass --budget-curr-cost-uri "
                              "PATH or --spent-usd X to export_run"}, None
 
 
@@ -226,24 +226,24 @@ class Facts:
     """What the user tells the exporter that the run itself cannot know (export_run's flags)."""
 
     spent_usd: float | None = None      # the bill, for a run without a budget guard
-    budget_json: str | None = None      # the sidecar's final budget.json, if not the run's source
+    curr_cost_uri: str | None = None      # the sidecar's final budget.json, if not the run's source
     provider: str | None = None
     instance_type: str | None = None
 
 
 def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], replayed: int,
           facts: Facts = Facts()) -> dict[str, Any]:
-    spent_usd, budget_json, provider, instance_type = facts.spent_usd, facts.budget_json, facts.provider, \
+    spent_usd, curr_cost_uri, provider, instance_type = facts.spent_usd, facts.curr_cost_uri, facts.provider, \
         facts.instance_type
     state = final.state
-    cfg = state.get("config") or {}
+    cfg = upgrade(state.get("config") or {})   # a checkpoint from before a key was renamed reads the same
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     model = ModelConfig(**{k: v for k, v in (cfg.get("model") or {}).items() if k in names})
     recomputed = hashlib.sha256(json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     if recomputed != state.get("config_sha256"):
         print(f"[export] warning: the config in {final.step_dir.name} hashes to {recomputed[:12]}, not the recorded "
               f"{str(state.get('config_sha256'))[:12]}")
-    dollars, budget_provider = _dollars(run, final, spent_usd, budget_json)
+    dollars, budget_provider = _dollars(run, final, spent_usd, curr_cost_uri)
     if provider is None:
         provider = budget_provider or ("runpod" if os.environ.get("RUNPOD_POD_ID") else None)
     versions = dict(state.get("versions") or {})
@@ -276,7 +276,7 @@ def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], rep
         "cluster": _cluster(run, state, provider, instance_type),
         "dollars": dollars,
         "progress": {"steps": state.get("step"), "total_steps": (cfg.get("train") or {}).get("total_steps"),
-                     "fit_to_budget": bool((cfg.get("train") or {}).get("fit_to_budget")),
+                     "budget_fit": bool((cfg.get("budget") or {}).get("fit")),
                      "planned_end_step": (state.get("schedule") or {}).get("end_step"),
                      "decay_start_step": (state.get("schedule") or {}).get("decay_start"),
                      "end_reason": run.tags.get("end_reason"),

@@ -50,8 +50,10 @@ def spike_thresholds(params: dict[str, str]) -> SpikeConfig:
     kw: dict[str, Any] = {}
     for name in ("ema_alpha", "loss_sigma", "min_loss_jump", "grad_factor"):
         kw[name] = float(params.get(f"spike.{name}", getattr(defaults, name)))
-    for name in ("warmup_steps", "grad_window"):
-        kw[name] = int(params.get(f"spike.{name}", getattr(defaults, name)))
+    kw["grad_window"] = int(params.get("spike.grad_window", defaults.grad_window))
+    # runs logged before the rename have spike.warmup_steps
+    kw["baseline_steps"] = int(params.get("spike.baseline_steps", params.get("spike.warmup_steps",
+                                                                              defaults.baseline_steps)))
     return SpikeConfig(**kw)
 
 
@@ -66,7 +68,7 @@ def find_spike(points: list[runs.MetricPoint], thresholds: SpikeConfig, grad_cli
         return Spike("natural", "spike/detected metric (the trainer's detector)", first[0], first[-1], tuple(first))
     loss, grad = _series(points, N.TRAIN_LOSS), _series(points, N.TRAIN_GRAD_NORM)
     t = thresholds
-    det = SpikeDetector(t.ema_alpha, t.warmup_steps, t.loss_sigma, t.min_loss_jump, t.grad_factor, t.grad_window)
+    det = SpikeDetector(t.ema_alpha, t.baseline_steps, t.loss_sigma, t.min_loss_jump, t.grad_factor, t.grad_window)
     found = [s for s in sorted(loss) if det.observe(s, loss[s], grad.get(s, 0.0), grad_clip)]
     if found:
         first = _clusters(found)[0]
@@ -189,7 +191,7 @@ def render(run: runs.RunRecord, spike: Spike, a: Analysis, points: list[runs.Met
         "",
         "## Lessons",
         "",
-        "> **TO BE WRITTEN BY YOU.** What to change (thresholds, `--skip-spike-steps`, lr, data filtering) and "
+        "> **TO BE WRITTEN BY YOU.** What to change (thresholds, `--spike-skip-steps`, lr, data filtering) and "
         "what to watch next time.",
         "",
         "## How this was measured",
@@ -197,7 +199,7 @@ def render(run: runs.RunRecord, spike: Spike, a: Analysis, points: list[runs.Met
         f"- Detector thresholds: loss above its moving baseline by {thresholds.loss_sigma:g} noise units and at "
         f"least {thresholds.min_loss_jump:g} nats, or grad norm above {thresholds.grad_factor:g}x the median of "
         f"the last {thresholds.grad_window} steps (baseline EMA α {thresholds.ema_alpha:g}, warm-up "
-        f"{thresholds.warmup_steps} steps).",
+        f"{thresholds.baseline_steps} steps).",
         f"- Recovery margin: max(0.1, 2 x the residual std of the pre-spike trend) = {a.margin:.3f} nats. Clip ratio = "
         "min(1, max norm / grad norm): the factor clipping scaled the update by.",
         f"- Drafted by `python -m x1_pretrain.postmortem` from `{run.uri}`.",
@@ -251,7 +253,7 @@ def write_postmortem(uri: str, run_id: str | None, experiment: str, output: Path
         raise NoSpike(f"no spike found in run {run.run_id}: no injected steps, no steps flagged by the detector, "
                       f"and none in the logged losses with loss_sigma {thresholds.loss_sigma:g}, min_loss_jump "
                       f"{thresholds.min_loss_jump:g} nats, grad_factor {thresholds.grad_factor:g} (grad_window "
-                      f"{thresholds.grad_window}, warm-up {thresholds.warmup_steps} steps)")
+                      f"{thresholds.grad_window}, warm-up {thresholds.baseline_steps} steps)")
     a = analyse(spike, _series(points, N.TRAIN_LOSS), _series(points, N.TRAIN_GRAD_NORM), grad_clip)
     output.parent.mkdir(parents=True, exist_ok=True)
     png = output.with_name("spike.png")

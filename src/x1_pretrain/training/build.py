@@ -23,7 +23,7 @@ from ..data.tokens import Prefetcher, Sampler, TokenData, gather, open_token_dat
 from ..model import flops
 from ..model.transformer import Transformer, state_dict_for_saving
 from . import checkpoint as ck
-from .budget import BudgetControl, FitContext
+from .budget_control import BudgetControl, FitContext
 from .checkpointer import CheckpointCalls, Checkpointer
 from .device import (
     CompileFallback,
@@ -66,7 +66,7 @@ class Context:
     log: Log
     stop: StopFlag
     started_unix: float
-    budget: Any = None            # training.budget.BudgetSetup when a cap is set (rank 0 only), else None
+    guard: Any = None             # training.budget_control.BudgetSetup when a cap is set (rank 0 only), else None
     deadline: Any = None          # signals.StopDeadline: what is left of --stop-grace-s after a stop request
     on_built: Callable[[Any], None] | None = None   # told the Built once it is ready (the stop deadline's view)
 
@@ -90,7 +90,7 @@ class Built:
     resume: Resume
     tracker: Any
     checkpointer: Checkpointer | None
-    budget: BudgetControl | None
+    guard: BudgetControl | None
     sampler: Sampler
     data: TokenData
     prefetch: Prefetcher | None = None
@@ -180,8 +180,8 @@ def _tracker(ctx: Context, uri: str, artifact_location: str | None, resume: Resu
         cfg_file.unlink(missing_ok=True)
     tags: dict[str, Any] = {**run_tags(run_tags_device(ctx.device)), "config_file": str(opts.config),
                             "restarts": restarts()}
-    if ctx.budget is not None:
-        tags.update(ctx.budget.tags())
+    if ctx.guard is not None:
+        tags.update(ctx.guard.tags())
     if resume.changes:
         tags["config_changed_on_resume"] = "; ".join(resume.changes)[:4000]
     tracker.set_tags(tags)
@@ -214,10 +214,10 @@ def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> tupl
         log(f"spike injection planned: steps {sp.inject_at_step}..{last} on rare-token batches "
             f"({len(ids)} rarest token types of the train split)")
     sc = cfg.spike
-    watch = SpikeWatch(SpikeDetector(sc.ema_alpha, sc.warmup_steps, sc.loss_sigma, sc.min_loss_jump,
+    watch = SpikeWatch(SpikeDetector(sc.ema_alpha, sc.baseline_steps, sc.loss_sigma, sc.min_loss_jump,
                                      sc.grad_factor, sc.grad_window),
-                       injector, sc.skip_spike_steps, sp.force_inject,
-                       SpikeReport(log, tracker.log_metrics, tracker.set_tags), warmup_steps=cfg.optim.warmup_steps)
+                       injector, sc.skip_steps, sp.force_inject,
+                       SpikeReport(log, tracker.log_metrics, tracker.set_tags), lr_warmup_steps=cfg.optim.warmup_steps)
     if resume.state.get("spike"):
         watch.load_state(resume.state["spike"])
     return injector, watch
@@ -252,7 +252,7 @@ class TrainerState:
             "data_dir": str(self.data.directory), "data_identity": self.data.identity,
             "config_sha256": cfg.sha256(), "config": cfg.to_dict(),
             "mlflow_uri": redact.url(self.uri), "mlflow_run_id": self.tracker.run_id, "restarts": restarts(),
-            "budget": self.monitor.snapshot_json() if self.monitor is not None else None,
+            "budget_guard": self.monitor.snapshot_json() if self.monitor is not None else None,
             "schedule": run.horizon.to_json() if getattr(run, "horizon", None) is not None else None,
             "spike": self.spike_watch.state() if self.spike_watch is not None else None,
             "versions": versions(), "world_size": self.ctx.world.size, "machine": self.machine,
@@ -264,7 +264,7 @@ def alert_sender(ctx: Context) -> Callable[[str, str], None] | None:
     """(subject, body) -> the configured alert channels within a deadline; None when there are none (or not rank 0)."""
     if not ctx.world.main:
         return None
-    alerter = ctx.budget.alerter if ctx.budget is not None else alerts.from_env()
+    alerter = ctx.guard.alerter if ctx.guard is not None else alerts.from_env()
     if not alerter.channels():
         return None
 
@@ -324,9 +324,9 @@ def tag_final(tracker: Any, ckpt_dir: Path, step_dir: Path, hashes: dict[str, st
 
 def _fit_context(ctx: Context, resume: Resume) -> FitContext | None:
     cfg = ctx.cfg
-    if not cfg.train.fit_to_budget:
+    b = cfg.budget
+    if not b.fit:
         return None
-    b = ctx.opts.budget
     fpt = flops.flops_per_token(cfg.model).honest
     step_s = expected_step_s(b.expected_step_s, cfg.tokens_per_step(), fpt, ctx.peak_tflops, b.assumed_mfu)
     return FitContext(cfg.train.total_steps, cfg.optim, step_s, b.max_hours,
@@ -336,7 +336,7 @@ def _fit_context(ctx: Context, resume: Resume) -> FitContext | None:
 def _horizon(cfg: C.Config, resume: Resume) -> Horizon:
     """The schedule's end: what a checkpoint of a budget-fitted run recorded, else the plan."""
     saved = resume.state.get("schedule")
-    if cfg.train.fit_to_budget and isinstance(saved, dict):
+    if cfg.budget.fit and isinstance(saved, dict):
         h = Horizon.from_json(saved)
         if h.end_step <= cfg.train.total_steps:
             return h
@@ -384,8 +384,8 @@ def build_run(ctx: Context) -> Built:
     tracker = _tracker(ctx, uri, artifact_location, resume, data)
     tracker.set_tags({"compile_mode_effective": mode, **kernel_tags(model)})
     injector, spike_watch = _spikes(ctx, data, tracker, resume)
-    control = BudgetControl(ctx.budget, ctx.ckpt_dir, log, tracker.log_metrics, resume.state.get("budget"),
-                            _fit_context(ctx, resume)) if ctx.budget is not None else None
+    control = BudgetControl(ctx.guard, ctx.ckpt_dir, log, tracker.log_metrics, ck.guard_snapshot(resume.state),
+                            _fit_context(ctx, resume)) if ctx.guard is not None else None
     trainer_state = TrainerState(ctx=ctx, data=data, sampler=sampler, tracker=tracker, uri=uri,
                                  spike_watch=spike_watch, monitor=control.monitor if control is not None else None,
                                  wall_before=float(resume.state.get("wall_clock_s", 0.0)))

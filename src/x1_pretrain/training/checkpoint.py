@@ -80,14 +80,14 @@ def to_cpu(obj: Any) -> Any:
 
 
 @dataclass
-class Snapshot:
+class StepSnapshot:
     step: int
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     state: dict[str, Any]          # trainer_state.json without the file hashes
 
 
-def write_step_dir(ckpt_dir: Path, snap: Snapshot) -> tuple[Path, int]:
+def write_step_dir(ckpt_dir: Path, snap: StepSnapshot) -> tuple[Path, int]:
     """Write one complete checkpoint directory atomically. Returns (path, bytes written)."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / step_dir_name(snap.step)
@@ -107,7 +107,7 @@ def write_step_dir(ckpt_dir: Path, snap: Snapshot) -> tuple[Path, int]:
     return final, size
 
 
-def _fill_step_dir(tmp: Path, snap: Snapshot) -> None:
+def _fill_step_dir(tmp: Path, snap: StepSnapshot) -> None:
     files = {MODEL_FILE: safetensors_io.save(snap.model, tmp / MODEL_FILE, {"format": "pt"})}
     with open(tmp / OPTIM_FILE, "wb") as f:
         torch.save(snap.optimizer, f)
@@ -282,3 +282,10 @@ def read_progress(ckpt_dir: Path) -> dict[str, Any] | None:
         return data if isinstance(data, dict) else None
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def guard_snapshot(state: dict[str, Any]) -> dict[str, Any] | None:
+    """The budget guard's snapshot a checkpoint's trainer_state.json holds (``budget`` before it was renamed
+    ``budget_guard``), or None."""
+    snap = state.get("budget_guard", state.get("budget"))
+    return snap if isinstance(snap, dict) else None

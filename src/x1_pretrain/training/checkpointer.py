@@ -16,7 +16,7 @@ from ..core.errors import CheckpointFailed
 from .checkpoint import (
     FINAL_MODEL,
     FINAL_OPTIM,
-    Snapshot,
+    StepSnapshot,
     prune,
     read_latest,
     step_dir_name,
@@ -46,10 +46,10 @@ class Checkpointer:
 
     A periodic write that fails (a full disk) is reported at once through ``on_failed`` and training goes on,
     with ``async_save`` or without: the previous complete checkpoint stays ``latest`` and the next one is tried
-    on its own schedule (the next ``ckpt_every`` boundary, or ``ckpt_every_min`` after the failed *attempt*, so a
-    full disk is not retried at every step). ``on_failed`` says whether a failure opens an episode (alert once)
-    and ``on_recovered`` when a write succeeds again. A *required* write (the final one, or the one a stop asks
-    for) that fails raises :class:`CheckpointFailed`."""
+    on its own schedule (the next ``checkpoint.every_steps`` boundary, or ``checkpoint.every_min`` after the failed
+    *attempt*, so a full disk is not retried at every step). ``on_failed`` says whether a failure opens an
+    episode (alert once) and ``on_recovered`` when a write succeeds again. A *required* write (the final one, or
+    the one a stop asks for) that fails raises :class:`CheckpointFailed`."""
 
     def __init__(self, ckpt_dir: Path, keep_last: int, async_save: bool, calls: CheckpointCalls,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -62,7 +62,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self.last_saved_step: int | None = None
         self.last_saved_at = clock()
-        self.last_attempt_at = self.last_saved_at   # --ckpt-every-min counts from here: the process start at first
+        self.last_attempt_at = self.last_saved_at   # checkpoint.every_min counts from here (at first: the start)
         self.last_save_s = 0.0
         self.failures = 0          # in this process
         self.failing = 0           # failures since the last write that succeeded (an episode while > 0)
@@ -95,8 +95,8 @@ class Checkpointer:
         if self._calls.before_save is not None and not required:
             self._calls.before_save()  # a stop writes its checkpoint first; the metrics follow within the grace
         t0 = self.last_attempt_at = self._clock()
-        snap = Snapshot(state.step, to_cpu(self._calls.model_state(run.raw_model)), to_cpu(run.optimizer.state_dict()),
-                        self._calls.trainer_state(run, state))
+        snap = StepSnapshot(state.step, to_cpu(self._calls.model_state(run.raw_model)),
+                            to_cpu(run.optimizer.state_dict()), self._calls.trainer_state(run, state))
         snap_s = self._clock() - t0
         if self.async_save and not required:
             self._thread = threading.Thread(target=self._write, args=(snap, reason, t0, snap_s, False),
@@ -107,7 +107,7 @@ class Checkpointer:
         if error is not None and required:
             raise CheckpointFailed(snap.step, reason, error)
 
-    def _write(self, snap: Snapshot, reason: str, t0: float, snap_s: float, final: bool) -> BaseException | None:
+    def _write(self, snap: StepSnapshot, reason: str, t0: float, snap_s: float, final: bool) -> BaseException | None:
         try:
             path, size = write_step_dir(self.dir, snap)
         except Exception as e:  # reported now; the caller decides whether the run can go on

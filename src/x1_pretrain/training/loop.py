@@ -72,7 +72,7 @@ class BatchSource(Protocol):
     def replace(self, step: int, chunk: int, batch: Batch) -> Batch: ...
 
 
-class Checkpointer(Protocol):
+class CheckpointSaver(Protocol):
     def save(self, run: Run, state: LoopState, reason: str, required: bool = False) -> None: ...
 
     def wait(self) -> None: ...
@@ -107,13 +107,13 @@ class Run:
     console: Callable[[str], None] = print
     clock: Callable[[], float] = time.monotonic
     stop: StopFlag = field(default_factory=StopFlag)
-    checkpointer: Checkpointer | None = None
+    checkpointer: CheckpointSaver | None = None
     batch_source: BatchSource | None = None
     hooks: list[StepHook] = field(default_factory=list)
     lab_flops_per_token: int | None = None
     spike_watch: Any = None          # spike.SpikeWatch: consulted before each update (may skip it)
     horizon: Horizon | None = None   # where the schedule ends (None: planned for train.total_steps)
-    proposed_end: int = 0            # rank 0's wish for a new end (--fit-to-budget), agreed at the next boundary
+    proposed_end: int = 0            # rank 0's wish for a new end (--budget-fit), agreed at the next boundary
     alert: Callable[[str, str], None] | None = None   # (subject, body) to the configured channels, if any
 
     def __post_init__(self) -> None:
@@ -283,7 +283,7 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
         _agree_end(run, done)
         if run.end_step <= done and not logged:   # the fit pulled the end to this step: it is the last, log it
             _log_step(run, state, meter, metrics, dt)
-        periodic = run.checkpointer.due(done, cfg.ckpt_every, cfg.ckpt_every_min) \
+        periodic = run.checkpointer.due(done, run.cfg.checkpoint.every_steps, run.cfg.checkpoint.every_min) \
             if run.checkpointer is not None and done < run.end_step else None
         if run.checkpointer is not None and periodic:
             run.checkpointer.save(run, state, periodic)
@@ -373,7 +373,7 @@ class ThroughputFloor:
 
 
 def _agree_end(run: Run, next_step: int) -> None:
-    """Every rank moves the schedule's end at the same step boundary, to rank 0's proposal (--fit-to-budget).
+    """Every rank moves the schedule's end at the same step boundary, to rank 0's proposal (--budget-fit).
 
     A proposal is made during a step and applied at the next boundary, so it can land on this very boundary
     (one or two steps fitted) or, in a race with the check, before it: the run then ends here, as fitted (exit

@@ -7,39 +7,19 @@ Flags that set config keys (``--total-steps`` …) become overrides applied afte
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..budget.money import DEFAULT_MFU, DEFAULT_RESERVE_MIN
+from ..core import config as C
+from ..core.cli import old_spelling
 from ..core.errors import exit_code_help
 from ..core.names import EXPERIMENT
 
 DESCRIPTION = """Pretrain the model: python -m x1_pretrain.train --config configs/x1-50m-a100.yaml --data-dir ...
 
 """ + exit_code_help()
-
-
-@dataclass(frozen=True, kw_only=True)
-class BudgetOptions:
-    """The budget guard's flags; ``cap_usd`` None means no guard. Keyword-only: fields share types, so a swap
-    of two positional floats would run silently."""
-
-    cap_usd: float | None = None
-    source: str | None = None              # --budget-curr-cost-uri
-    alert_usd: float = 30.0
-    check_every_min: float = 30.0
-    sidecar_interval_min: float = 5.0
-    unknown_grace_min: float = 60.0
-    max_rate_usd_per_hr: float = 1.40
-    force_launch: bool = False
-    expected_step_s: float | None = None
-    assumed_mfu: float = DEFAULT_MFU
-    dry_run: bool = False
-    stop_wait_s: float = 120.0             # projected over the cap: the longest wait for a step boundary
-    reserve_min: float = DEFAULT_RESERVE_MIN
-    buffer_usd: float = 5.0
-    max_hours: float | None = None         # --fit-to-budget: the run's wall-clock window (hours since it began)
 
 
 @dataclass(frozen=True)
@@ -62,9 +42,11 @@ class TrainOptions:
     peak_tflops: float | None = None
     overrides: dict[str, Any] = field(default_factory=dict)   # config keys set by flags
     sets: tuple[str, ...] = ()                                 # --set section.key=value, applied last
-    budget: BudgetOptions = BudgetOptions()
     spike: SpikeOptions = SpikeOptions()
     stop_grace_s: float = 25.0
+    curr_cost_uri: str | None = None    # --budget-curr-cost-uri: the budget.json the sidecar writes (its --out)
+    force_launch: bool = False          # launch despite the budget gate
+    dry_run_budget: bool = False        # check the budget set-up, then exit
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,21 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", default=EXPERIMENT, help="MLflow experiment name")
     p.add_argument("--run-name", default=None, help="MLflow run name (default: config name + time)")
     p.add_argument("--total-steps", type=int, help="override train.total_steps")
-    p.add_argument("--ckpt-every", type=int, help="override train.ckpt_every")
+    p.add_argument("--checkpoint-every-steps", "--ckpt-every", dest="checkpoint_every_steps", type=int,
+                   help="override checkpoint.every_steps (--ckpt-every: the lab's spelling, kept)")
     p.add_argument("--eval-every", type=int, help="override train.eval_every")
     p.add_argument("--log-every", type=int, help="override train.log_every")
     p.add_argument("--seed", type=int, help="override train.seed")
     p.add_argument("--device", help="override train.device (auto, cpu, cuda, cuda:N)")
     p.add_argument("--compile", dest="compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="run eagerly")
-    p.add_argument("--ckpt-every-min", type=float,
-                   help="also checkpoint when this many minutes passed since the last one (override "
-                        "train.ckpt_every_min; the runbook uses 15)")
+    old_spelling(p, "--ckpt-every-min", p.add_argument(
+        "--checkpoint-every-min", type=float, help="also checkpoint when this many minutes passed since the last "
+        "one (override checkpoint.every_min; the runbook uses 15; was --ckpt-every-min)"))
     p.add_argument("--min-tokens-per-s", type=float,
                    help="exit 6 when warm throughput falls below this during the first hour (the lab's check)")
-    p.add_argument("--min-tokens-per-s-window", type=float, metavar="MIN",
-                   help="minutes of training the floor ends the run in (default 60; later drops are logged and "
-                        "alerted; sets train.min_tokens_per_s_window_min)")
+    old_spelling(p, "--min-tokens-per-s-window", p.add_argument(
+        "--min-tokens-per-s-window-min", type=float, metavar="MIN",
+        help="minutes of training the floor ends the run in (default 60; later drops are logged and alerted; "
+             "override train.min_tokens_per_s_window_min; was --min-tokens-per-s-window)"))
     p.add_argument("--min-tokens-per-s-always", dest="min_tokens_per_s_always", action="store_true", default=None,
                    help="the floor ends the run at any time, not only in its window")
     p.add_argument("--stop-grace-s", type=float, default=25.0,
@@ -110,66 +94,123 @@ def build_parser() -> argparse.ArgumentParser:
                    help="steps N..N+K-1 train on rare-token batches (skipped if a natural spike comes first)")
     s.add_argument("--spike-batches", type=int, default=5, metavar="K", help="injected steps (default 5)")
     s.add_argument("--force-inject", action="store_true", help="inject even after a natural spike")
-    s.add_argument("--skip-spike-steps", dest="skip_spike_steps", action="store_true", default=None,
-                   help="skip the optimizer update of a detected spike (sets spike.skip_spike_steps)")
+    old_spelling(s, "--skip-spike-steps", s.add_argument(
+        "--spike-skip-steps", dest="spike_skip_steps", action="store_true", default=None,
+        help="skip the optimizer update of a detected spike (override spike.skip_steps; was --skip-spike-steps)"))
     return p
 
 
+# Each budget.* key of the config is the flag --budget-<key>; a flag given wins over the file.
+BUDGET_HELP: dict[str, str] = {
+    "cap_usd": "hard dollar cap; enables the guard (the lab: 35.0)",
+    "alert_usd": "email + Slack above this spend",
+    "buffer_usd": "dollars the launch gate keeps aside for one restart, as plan does",
+    "reserve_min": "minutes billed after the last step (final checkpoint, export, shutdown), counted in every "
+                   "projection",
+    "check_every_min": "minutes between the guard's checks",
+    "sidecar_interval_min": "the sidecar's --interval-min; a reading older than 3 intervals is stale",
+    "unknown_grace_min": "stop with a checkpoint when the spend has been unknown this long",
+    "stop_wait_s": "projected over the cap: wait this long for a step boundary to checkpoint at, then exit 4 "
+                   "without one",
+    "max_rate_usd_per_hr": "refuse to launch above this hourly rate (the lab's rule: 1.40)",
+    "fit": "--total-steps becomes an upper bound: at every check the end moves to what the money (and "
+           "--budget-max-hours) still pays for, and the wsd decay reaches min_lr exactly there (needs "
+           "optim.schedule wsd)",
+    "max_hours": "with --budget-fit: hours of wall clock the run may take, from its first start (downtime "
+                 "included; kept in the budget ledger)",
+    "expected_step_s": "measured seconds per optimizer step, for the planned cost (default: from the GPU's peak)",
+    "assumed_mfu": "MFU (honest accounting) assumed for the planned cost when --budget-expected-step-s is not "
+                   "given, as plan's",
+}
+# Earlier spellings, accepted for one release with a notice.
+BUDGET_OLD = {"max_rate_usd_per_hr": "--max-rate-usd-per-hr", "fit": "--fit-to-budget", "max_hours": "--max-hours",
+              "expected_step_s": "--expected-step-s", "assumed_mfu": "--assumed-mfu"}
+
+
+def budget_flag(key: str) -> str:
+    return "--budget-" + key.replace("_", "-")
+
+
+def add_budget_flags(b: Any, keys: tuple[str, ...] | None = None, old: dict[str, str] | None = None) -> None:
+    """The flags of the config's budget section (all, or ``keys``), each overriding ``budget.<key>``; their
+    defaults are the config's. ``plan`` adds a few of them with the same names; ``old``: the earlier spellings
+    kept for one release (default: the trainer's)."""
+    old = BUDGET_OLD if old is None else old
+    defaults = C.BudgetConfig()
+    for f in dataclasses.fields(C.BudgetConfig):
+        if keys is not None and f.name not in keys:
+            continue
+        default = getattr(defaults, f.name)
+        was = f"; was {old[f.name]}" if f.name in old else ""
+        where = f"budget.{f.name}: the config's, else {default}" if default is not None else f"budget.{f.name}"
+        text = f"{BUDGET_HELP[f.name]} ({where}{was})"
+        if f.type in (bool, "bool"):
+            action = b.add_argument(budget_flag(f.name), dest=f"budget_{f.name}", action="store_true", default=None,
+                                    help=text)
+        else:
+            action = b.add_argument(budget_flag(f.name), dest=f"budget_{f.name}", type=float, default=None,
+                                    help=text)
+        if f.name in old:
+            old_spelling(b, old[f.name], action)
+
+
+def budget_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """{"budget.cap_usd": 35.0, ...} for the budget flags given."""
+    out = {}
+    for f in dataclasses.fields(C.BudgetConfig):
+        value = getattr(args, f"budget_{f.name}", None)
+        if value is not None:
+            out[f"budget.{f.name}"] = value
+    return out
+
+
 def _budget_flags(b: Any) -> None:
-    b.add_argument("--budget-cap-usd", type=float, help="hard dollar cap; enables the guard (the lab: 35.0)")
-    b.add_argument("--budget-curr-cost-uri", help="budget.json written by the billing sidecar (path, file:// or http)")
-    b.add_argument("--budget-alert-usd", type=float, default=30.0, help="email + Slack above this spend (default 30)")
-    b.add_argument("--budget-check-every-min", type=float, default=30.0, help="minutes between checks (default 30)")
-    b.add_argument("--budget-sidecar-interval-min", type=float, default=5.0,
-                   help="the sidecar's polling interval; a reading older than 3 intervals is stale (default 5)")
-    b.add_argument("--budget-unknown-grace-min", type=float, default=60.0,
-                   help="stop with a checkpoint when the spend has been unknown this long (default 60)")
-    b.add_argument("--max-rate-usd-per-hr", type=float, default=1.40,
-                   help="refuse to launch above this hourly rate (the lab's rule: 1.40)")
+    b.add_argument("--budget-curr-cost-uri", help="budget.json written by the billing sidecar (its --out; a path, "
+                   "file:// or http(s)://)")
+    add_budget_flags(b)
     b.add_argument("--force-launch", action="store_true", help="launch despite the gate (logged as a tag)")
-    b.add_argument("--expected-step-s", type=float,
-                   help="measured seconds per optimizer step, for the planned cost (default: from the GPU's peak)")
-    b.add_argument("--assumed-mfu", type=float, default=DEFAULT_MFU,
-                   help="MFU (honest accounting) assumed for the planned cost when --expected-step-s is not given "
-                        f"(default {DEFAULT_MFU}, as plan)")
-    b.add_argument("--budget-reserve-min", type=float, default=DEFAULT_RESERVE_MIN,
-                   help="minutes billed after the last step (final checkpoint, export, shutdown), counted in every "
-                        f"projection (default {DEFAULT_RESERVE_MIN:g})")
-    b.add_argument("--budget-buffer-usd", type=float, default=5.0,
-                   help="dollars the launch gate keeps aside for one restart, as plan does (default 5)")
-    b.add_argument("--fit-to-budget", dest="fit_to_budget", action="store_true", default=None,
-                   help="--total-steps becomes an upper bound: at every check the end moves to what the money (and "
-                        "--max-hours) still pays for, and the wsd decay reaches min_lr exactly there (sets "
-                        "train.fit_to_budget; needs optim.schedule wsd)")
-    b.add_argument("--max-hours", type=float, help="with --fit-to-budget: hours of wall clock the run may take, "
-                   "from its first start (downtime included; kept in the budget ledger)")
-    b.add_argument("--budget-stop-wait-s", type=float, default=120.0,
-                   help="projected over the cap: wait this long for a step boundary to checkpoint at, then exit 4 "
-                        "without one (default 120)")
     b.add_argument("--dry-run-budget", action="store_true",
                    help="check the budget source, plan, gate and alert channels (sends a test alert), then exit")
 
 
 def options_from(args: argparse.Namespace) -> TrainOptions:
     pairs = {
-        "train.total_steps": args.total_steps, "train.ckpt_every": args.ckpt_every,
+        "train.total_steps": args.total_steps, "checkpoint.every_steps": args.checkpoint_every_steps,
         "train.eval_every": args.eval_every, "train.log_every": args.log_every, "train.seed": args.seed,
         "train.device": args.device, "train.compile": args.compile, "train.min_tokens_per_s": args.min_tokens_per_s,
-        "train.ckpt_every_min": args.ckpt_every_min, "train.min_tokens_per_s_window_min": args.min_tokens_per_s_window,
-        "train.min_tokens_per_s_always": args.min_tokens_per_s_always,
-        "spike.skip_spike_steps": args.skip_spike_steps, "train.fit_to_budget": args.fit_to_budget,
+        "checkpoint.every_min": args.checkpoint_every_min,
+        "train.min_tokens_per_s_window_min": args.min_tokens_per_s_window_min,
+        "train.min_tokens_per_s_always": args.min_tokens_per_s_always, "spike.skip_steps": args.spike_skip_steps,
+        **budget_overrides(args),
     }
-    budget = BudgetOptions(
-        cap_usd=args.budget_cap_usd, source=args.budget_curr_cost_uri, alert_usd=args.budget_alert_usd,
-        check_every_min=args.budget_check_every_min, sidecar_interval_min=args.budget_sidecar_interval_min,
-        unknown_grace_min=args.budget_unknown_grace_min, max_rate_usd_per_hr=args.max_rate_usd_per_hr,
-        force_launch=args.force_launch, expected_step_s=args.expected_step_s, assumed_mfu=args.assumed_mfu,
-        dry_run=args.dry_run_budget, stop_wait_s=args.budget_stop_wait_s, reserve_min=args.budget_reserve_min,
-        buffer_usd=args.budget_buffer_usd, max_hours=args.max_hours)
     return TrainOptions(
         config=args.config, data_dir=args.data_dir, ckpt_dir=Path(args.ckpt_dir), mlflow_uri=args.mlflow_uri,
         experiment=args.experiment, run_name=args.run_name, resume=args.resume_from_latest,
         allow_config_change=args.allow_config_change, peak_tflops=args.peak_tflops,
-        overrides={k: v for k, v in pairs.items() if v is not None}, sets=tuple(args.set), budget=budget,
+        overrides={k: v for k, v in pairs.items() if v is not None}, sets=tuple(args.set),
         spike=SpikeOptions(args.inject_spike_at_step, args.spike_batches, args.force_inject),
-        stop_grace_s=args.stop_grace_s)
+        stop_grace_s=args.stop_grace_s, curr_cost_uri=args.budget_curr_cost_uri, force_launch=args.force_launch,
+        dry_run_budget=args.dry_run_budget)
+
+
+def budget_of_command(cmd: list[str]) -> tuple[float | None, str | None]:
+    """(cap, budget source) a train command will run with: its flags, else its config's budget section. (None,
+    None) when ``cmd`` is not recognisably x1's trainer or its config cannot be read (the trainer says why)."""
+    at = next((i for i, a in enumerate(cmd) if a == "x1_pretrain.train" or a.endswith("x1_pretrain/train.py")),
+              None)
+    if at is None:
+        return None, None
+    import contextlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):   # the trainer itself reports bad flags and old spellings
+        try:
+            args, _ = build_parser().parse_known_args(cmd[at + 1:])
+        except SystemExit:
+            return None, None
+        opts = options_from(args)
+        try:
+            cfg = C.load(opts.config, opts.overrides, list(opts.sets))
+        except C.ConfigError:
+            return opts.overrides.get("budget.cap_usd"), opts.curr_cost_uri
+    return cfg.budget.cap_usd, opts.curr_cost_uri

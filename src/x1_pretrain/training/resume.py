@@ -45,7 +45,7 @@ def check_compatible(found: ck.Found, cfg: C.Config, data: Any, allow: bool, log
     """Differences between the checkpoint's run and this one; raises unless --allow-config-change."""
     saved = found.state
     changes: list[str] = []
-    saved_keys = C.flatten(saved.get("config", {}))
+    saved_keys = C.flatten(C.upgrade(saved.get("config", {})))
     for key, old, new in C.diff(saved.get("config", {}), cfg.to_dict()):
         if key not in saved_keys:  # a key x1 gained after the checkpoint: what the run did without it
             old = C.BEFORE_KEY_EXISTED.get(key, C.DEFAULTS.get(key))

@@ -8,7 +8,7 @@
   run. The decay takes ``decay_fraction`` of the run.
 
 A :class:`Horizon` says where the run ends and how its decay runs. Fixed for cosine and constant; with
-``--fit-to-budget`` the budget guard moves it (:func:`retarget`): before the decay starts the end may move
+``--budget-fit`` the budget guard moves it (:func:`retarget`): before the decay starts the end may move
 later or earlier; once the decay has started it never restarts, and a shorter end compresses what is left
 of it (the learning rate stays continuous and still reaches ``min_lr`` at the new last step).
 """

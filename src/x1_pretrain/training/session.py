@@ -20,6 +20,7 @@ from ..budget.guard import STALE_AFTER_INTERVALS, Limits
 from ..budget.money import Lines
 from ..budget.source import read_source
 from ..core import config as C
+from ..core.config import BudgetConfig
 from ..core.errors import (
     EXIT_ABORTED,
     EXIT_BUDGET_CHECKPOINT,
@@ -35,12 +36,12 @@ from ..core.names import EXPERIMENT
 from ..model import flops
 from . import checkpoint as ck
 from . import distributed
-from .budget import BudgetSetup, stop_message
+from .budget_control import BudgetSetup, stop_message
 from .build import Built, Context, build_run, start_batches, tag_final
 from .device import resolve_device
 from .lock import RunLock
 from .loop import Diverged, StopFlag, train_loop
-from .options import BudgetOptions, TrainOptions
+from .options import TrainOptions
 from .signals import StopDeadline, install_signal_handlers, watch_parent
 
 Log = Callable[[str], None]
@@ -54,29 +55,18 @@ def _quiet(msg: str) -> None:
     return None
 
 
-def budget_limits(b: BudgetOptions) -> Limits | None:
-    """The guard's limits from the flags, or None when no cap is set. Bad combinations are usage errors."""
+def budget_limits(opts: TrainOptions, b: BudgetConfig) -> Limits | None:
+    """The guard's limits from the config's budget section (flags set its keys), or None when no cap is set.
+    The section's own rules were checked when the config loaded; what is left is the flags' combination."""
     if b.cap_usd is None:
-        if b.dry_run:
-            raise X1Error("--dry-run-budget needs --budget-cap-usd and --budget-curr-cost-uri")
+        if opts.dry_run_budget:
+            raise X1Error("--dry-run-budget needs a cap (--budget-cap-usd, or budget.cap_usd in the config) and "
+                          "--budget-curr-cost-uri")
         return None
-    problems = []
-    if b.cap_usd <= 0:
-        problems.append(f"--budget-cap-usd {b.cap_usd} must be positive")
-    if not 0 <= b.alert_usd < b.cap_usd:
-        problems.append(f"--budget-alert-usd {b.alert_usd} must be below --budget-cap-usd {b.cap_usd}")
-    if not b.source:
-        problems.append("--budget-cap-usd needs --budget-curr-cost-uri (the budget.json the sidecar writes: "
-                        "python -m x1_pretrain.budget_sidecar --out budget.json ...)")
-    for flag, value in (("--budget-check-every-min", b.check_every_min),
-                        ("--budget-sidecar-interval-min", b.sidecar_interval_min),
-                        ("--budget-unknown-grace-min", b.unknown_grace_min)):
-        if value <= 0:
-            problems.append(f"{flag} must be positive")
-    if problems:
-        raise X1Error("; ".join(problems))
-    if b.reserve_min < 0 or b.buffer_usd < 0 or b.stop_wait_s <= 0:
-        raise X1Error("--budget-reserve-min and --budget-buffer-usd must be >= 0 and --budget-stop-wait-s positive")
+    if not opts.curr_cost_uri:
+        raise X1Error(f"budget.cap_usd {b.cap_usd:g} (--budget-cap-usd) needs --budget-curr-cost-uri: the budget.json "
+                      "the sidecar writes (python -m x1_pretrain.budget_sidecar --out budget.json ...); or run "
+                      "without the guard: --set budget.cap_usd=null")
     return Limits(cap_usd=b.cap_usd, alert_usd=b.alert_usd, sidecar_interval_min=b.sidecar_interval_min,
                   stale_after_intervals=STALE_AFTER_INTERVALS, unknown_grace_min=b.unknown_grace_min,
                   lines=Lines(buffer_usd=b.buffer_usd), reserve_min=b.reserve_min)
@@ -85,21 +75,21 @@ def budget_limits(b: BudgetOptions) -> Limits | None:
 def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: float | None,
                  log: Log) -> tuple[int, str] | None:
     """The dry run, or the gate before anything is built: (exit code, why) to stop with, or None to go on."""
-    b, limits = opts.budget, setup.limits
+    b, limits = cfg.budget, setup.limits
     latest = ck.read_latest(opts.ckpt_dir) if opts.resume else None
     done = int(latest.split("_")[1]) if latest and latest.startswith("step_") else 0
     step_s = bg.expected_step_s(b.expected_step_s, cfg.tokens_per_step(), flops.flops_per_token(cfg.model).honest,
                                 peak, b.assumed_mfu)
-    plan = bg.Plan(cfg.train.total_steps, done, step_s, resumed=done > 0, fit_to_budget=cfg.train.fit_to_budget)
-    if b.dry_run:
-        return bg.dry_run(str(b.source), limits, plan, b.max_rate_usd_per_hr, setup.alerter, log), "dry run"
+    plan = bg.LaunchPlan(cfg.train.total_steps, done, step_s, resumed=done > 0, fit=b.fit)
+    if opts.dry_run_budget:
+        return bg.dry_run(setup.curr_cost_uri, limits, plan, b.max_rate_usd_per_hr, setup.alerter, log), "dry run"
     if not setup.alerter.channels():
         log("WARNING: the budget guard is on but NO ALERT CHANNEL is configured: budget stops, a falling or unknown "
             "spend and the alert line will reach nobody. Set X1_SLACK_WEBHOOK_URL and/or X1_SMTP_HOST + X1_SMTP_TO "
             "(README: alerts) and check them with --dry-run-budget")
-    reading = bg.as_the_guard_sees_it(read_source(str(b.source)), limits, ledger.read_memory(opts.ckpt_dir))
+    reading = bg.as_the_guard_sees_it(read_source(setup.curr_cost_uri), limits, ledger.read_memory(opts.ckpt_dir))
     problems = bg.gate_problems(reading, plan, limits, b.max_rate_usd_per_hr)
-    if problems and not b.force_launch:
+    if problems and not opts.force_launch:
         for problem in problems:
             print(f"error: launch refused: {problem}", file=sys.stderr)
         spent = reading.snapshot.spent_usd if reading.snapshot else None
@@ -109,11 +99,11 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
         return EXIT_BUDGET_CHECKPOINT, why
     for problem in problems:
         log(f"warning: --force-launch given despite: {problem}")
-    expect = bg.expectation(reading, plan, limits) if plan.fit_to_budget else None
+    expect = bg.expectation(reading, plan, limits) if plan.fit else None
     if expect:
         log(expect)
     if step_s is None:
-        log("warning: the planned cost cannot be checked (no --expected-step-s and no known GPU peak)")
+        log("warning: the planned cost cannot be checked (no --budget-expected-step-s and no known GPU peak)")
     return None
 
 
@@ -161,8 +151,9 @@ def train(opts: TrainOptions) -> int:
             f"{cfg.train.micro_batch_size} x grad accumulation {cfg.train.grad_accum_steps} x {world.size} ranks")
     import numpy as np  # noqa: F401  (imported before torch on purpose: fail fast on a broken env)
 
-    limits = budget_limits(opts.budget)
-    setup = BudgetSetup(opts.budget, limits, alerts.from_env()) if limits is not None else None
+    limits = budget_limits(opts, cfg.budget)
+    setup = BudgetSetup(cfg.budget, str(opts.curr_cost_uri), limits, alerts.from_env(), opts.force_launch) \
+        if limits is not None else None
     sp = opts.spike
     if sp.inject_at_step is not None and (sp.inject_at_step < 1 or sp.batches < 1):
         raise X1Error(f"--inject-spike-at-step {sp.inject_at_step} and --spike-batches {sp.batches} "
@@ -176,7 +167,7 @@ def train(opts: TrainOptions) -> int:
     if setup is not None:
         stop = _launch_gate(opts, cfg, setup, peak, log)
         if stop is not None:
-            if stop[0] == EXIT_BUDGET_CHECKPOINT and world.main and not opts.budget.dry_run and opts.resume:
+            if stop[0] == EXIT_BUDGET_CHECKPOINT and world.main and not opts.dry_run_budget and opts.resume:
                 end_at_last_checkpoint(opts.ckpt_dir, opts.mlflow_uri, stop[1], log, opts.experiment)
             return stop[0]
     lock = RunLock(opts.ckpt_dir, log) if world.main else None
@@ -261,13 +252,13 @@ def _first_check(ctx: Context, built: Built, cap_set: bool) -> tuple[int, str, f
     """The budget check before the first step: (exit code or 0, reason, spend). Every rank learns rank 0's
     verdict, or the others would wait for it forever."""
     code, reason, spent = 0, "", None
-    if built.budget is not None:
-        built.budget.monitor.note_step(built.state.step, built.run.end_step, 0.0)
-        code, reason, spent = built.budget.first_check()
+    if built.guard is not None:
+        built.guard.monitor.note_step(built.state.step, built.run.end_step, 0.0)
+        code, reason, spent = built.guard.first_check()
         if code:
             ctx.log(f"{reason} (before training; exit {code})")
-        elif built.budget.proposed_end:
-            built.run.proposed_end, built.budget.proposed_end = built.budget.proposed_end, 0
+        elif built.guard.proposed_end:
+            built.run.proposed_end, built.guard.proposed_end = built.guard.proposed_end, 0
     if cap_set:
         (code,) = distributed.agree_max([code], ctx.world, ctx.device)
     return code, reason, spent
@@ -280,8 +271,8 @@ def _stop_before_training(ctx: Context, built: Built, code: int, reason: str, sp
         # the run ends at its last checkpoint
         tag_final(built.tracker, ctx.ckpt_dir, found.path, ck.write_final_files(ctx.ckpt_dir, found.path))
         status, written = "FINISHED", str(found.path)
-    if built.budget is not None:
-        built.budget.alert_stop(code, reason, spent, written)
+    if built.guard is not None:
+        built.guard.alert_stop(code, reason, spent, written)
     built.tracker.close(status, spill_dir=ctx.ckpt_dir)
     return code
 
@@ -291,8 +282,8 @@ def run_training(ctx: Context, cap_set: bool) -> int:
     first_code, reason, spent = _first_check(ctx, built, cap_set)
     if first_code:  # stop before training: nothing new to checkpoint
         return _stop_before_training(ctx, built, first_code, reason, spent)
-    if built.budget is not None:
-        built.budget.watcher.start()
+    if built.guard is not None:
+        built.guard.watcher.start()
     start_batches(built)
     if ctx.on_built is not None:
         ctx.on_built(built)
@@ -303,11 +294,11 @@ def run_training(ctx: Context, cap_set: bool) -> int:
         status = "FINISHED" if outcome.exit_code in (0, EXIT_BUDGET_CHECKPOINT) else "KILLED"
         built.tracker.set_tags({"end_reason": outcome.reason[:4000], "exit_code": outcome.exit_code})
         ctx.log(f"{outcome.reason} at step {outcome.step}: exit {outcome.exit_code}")
-        if built.budget is not None and outcome.exit_code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
-            last = built.budget.monitor.last
+        if built.guard is not None and outcome.exit_code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
+            last = built.guard.monitor.last
             written = str(ctx.ckpt_dir / ck.step_dir_name(outcome.step)) \
                 if outcome.exit_code == EXIT_BUDGET_CHECKPOINT else None
-            built.budget.alert_stop(outcome.exit_code, outcome.reason, last.spent_usd if last else None, written)
+            built.guard.alert_stop(outcome.exit_code, outcome.reason, last.spent_usd if last else None, written)
         return outcome.exit_code
     except Diverged as e:
         built.tracker.set_tags({"diverged_at_step": e.step})
@@ -338,8 +329,8 @@ def _checkpoint_failed(ctx: Context, built: Built, e: CheckpointFailed) -> int:
 
 def _close(ctx: Context, built: Built, status: str) -> None:
     """Close everything; after a stop request, within what is left of --stop-grace-s (MLflow gets the rest)."""
-    if built.budget is not None:
-        built.budget.close()
+    if built.guard is not None:
+        built.guard.close()
     if built.prefetch is not None:
         built.prefetch.close()
     try:

@@ -127,7 +127,7 @@ class SpikeEvent:
 @dataclass
 class SpikeDetector:
     ema_alpha: float = 0.05
-    warmup_steps: int = 20
+    baseline_steps: int = 20
     loss_sigma: float = 6.0
     min_loss_jump: float = 0.5
     grad_factor: float = 5.0
@@ -148,7 +148,7 @@ class SpikeDetector:
         if self.in_a_row >= self.grad_window:  # that long a run of flags is a new level, not a spike
             self.mean, self.last, self.in_a_row = loss, loss, 0
             self.grads.clear()
-        elif self.seen >= self.warmup_steps and self.mean is not None:
+        elif self.seen >= self.baseline_steps and self.mean is not None:
             std = 0.886 * self.noise
             by_loss = loss > self.mean + max(self.loss_sigma * std, self.min_loss_jump)
             median = float(np.median(self.grads)) if self.grads else float("nan")
@@ -203,9 +203,9 @@ class SpikeWatch:
     DENSE_AFTER = 100   # steps logged densely after one
 
     def __init__(self, detector: SpikeDetector, injector: SpikeInjector | None, skip_updates: bool,
-                 force_inject: bool, report: SpikeReport, warmup_steps: int = 0) -> None:
+                 force_inject: bool, report: SpikeReport, lr_warmup_steps: int = 0) -> None:
         self.detector = detector
-        self.warmup_steps = warmup_steps   # the optimizer's LR warm-up: detections inside it never cancel
+        self.lr_warmup_steps = lr_warmup_steps   # the optimizer's LR warm-up: detections inside it never cancel
         self.injector = injector
         self.skip_updates = skip_updates
         self.force_inject = force_inject
@@ -244,7 +244,7 @@ class SpikeWatch:
             self._log(f"spike detected at step {ev.step} ({ev.by}): loss {ev.loss:.4f} vs baseline {ev.baseline:.4f} "
                       f"(std {ev.baseline_std:.4f}), grad norm {ev.grad_norm:.3f} vs median {ev.grad_median:.3f}, "
                       f"clipping {'active' if ev.clipped else 'not active'}"
-                      + ("; optimizer update skipped (--skip-spike-steps)" if self._skipped else ""))
+                      + ("; optimizer update skipped (--spike-skip-steps)" if self._skipped else ""))
             self._start_dense(step)
             if inj is not None and inj.cancelled is None and not injected and step < inj.schedule.at_step \
                     and not self.force_inject:
@@ -260,8 +260,9 @@ class SpikeWatch:
         """Only a natural *loss* spike after the LR warm-up replaces the planned injection: a grad-norm blip
         alone, or anything during warm-up (where large gradients are normal), is no spike to write up."""
         step = ev.step
-        if "loss" not in ev.by or step <= self.warmup_steps:
-            why = "grad norm only" if "loss" not in ev.by else f"during the LR warm-up (step <= {self.warmup_steps})"
+        if "loss" not in ev.by or step <= self.lr_warmup_steps:
+            why = ("grad norm only" if "loss" not in ev.by
+                   else f"during the LR warm-up (step <= {self.lr_warmup_steps})")
             self._log(f"spike injection kept: the detection at step {step} is {why}; the injection at step "
                       f"{inj.schedule.at_step} goes ahead")
             return

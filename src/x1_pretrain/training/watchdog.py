@@ -72,7 +72,7 @@ def ckpt_dir_of(cmd: list[str]) -> Path:
 class BudgetLine:
     """The watchdog's own budget check (the second line): where the spend is read and the cap."""
 
-    source: str
+    curr_cost_uri: str                 # --budget-curr-cost-uri
     cap_usd: float
     poll_s: float = 60.0
     kill_grace_s: float = 10.0
@@ -85,7 +85,7 @@ class WatchdogOptions:
     max_backoff_s: float = 60.0
     events_file: Path | None = None   # one JSON line per event
     log_file: Path | None = None      # the text log: where output goes when no terminal takes it
-    budget: BudgetLine | None = None
+    budget_line: BudgetLine | None = None
     end_of_bill: EndOfBill | None = None
     alerter: Any = None
     mlflow_uri: str | None = None     # the trainer's store (to end a crash-looped run at its last checkpoint)
@@ -225,15 +225,15 @@ class Watchdog:
             except ProcessLookupError:
                 return
         try:
-            child.wait(timeout=self.opts.budget.kill_grace_s if self.opts.budget else 10.0)
+            child.wait(timeout=self.opts.budget_line.kill_grace_s if self.opts.budget_line else 10.0)
         except subprocess.TimeoutExpired:
             self.log("the trainer did not end within the grace: SIGKILL")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
 
     def _guard(self) -> OutsideGuard | None:
-        b = self.opts.budget
-        return OutsideGuard(b.source, b.cap_usd, self.ckpt_dir, b.poll_s, self._over_the_cap) if b else None
+        b = self.opts.budget_line
+        return OutsideGuard(b.curr_cost_uri, b.cap_usd, self.ckpt_dir, b.poll_s, self._over_the_cap) if b else None
 
     def run(self) -> int:
         for s in FORWARDED:
@@ -278,8 +278,8 @@ class Watchdog:
 
     def _rate(self) -> float | None:
         """The instance's hourly rate: the budget source's, else the ledger's last trusted rate."""
-        if self.opts.budget is not None:
-            snap = read_source(self.opts.budget.source).snapshot
+        if self.opts.budget_line is not None:
+            snap = read_source(self.opts.budget_line.curr_cost_uri).snapshot
             if snap is not None and snap.rate_usd_per_hr > 0:
                 return snap.rate_usd_per_hr
         return ledger.read_memory(self.ckpt_dir).rate_usd_per_hr or None
@@ -360,10 +360,11 @@ class Watchdog:
             self.log(f"trainer ended (exit {code}) by the watchdog's budget stop; not relaunching",
                      event="final_exit", exit_code=EXIT_BUDGET_NOW)
             if self.opts.alerter is not None:
-                from .budget import stop_message
+                from .budget_control import stop_message
 
-                subject, body = stop_message(EXIT_BUDGET_NOW, reason, self.opts.budget.cap_usd if self.opts.budget
-                                             else 0.0, self.budget_kill.spent_usd, None)
+                line = self.opts.budget_line
+                subject, body = stop_message(EXIT_BUDGET_NOW, reason, line.cap_usd if line else 0.0,
+                                             self.budget_kill.spent_usd, None)
                 self.opts.alerter.send_within(subject, body)
             return EXIT_BUDGET_NOW
         if self.stop_signal is not None:
@@ -428,3 +429,13 @@ def launch_detached(argv: list[str], log_file: Path) -> int:
           f"not touch it\n  follow: tail -f {log_file}\n  stop:   kill -TERM {proc.pid}   (the trainer checkpoints "
           "and exits 75; the watchdog does not relaunch)")
     return 0
+
+
+def old_log_file(events_file: Path | None, log_file: Path | None) -> tuple[Path | None, Path | None]:
+    """(events file, log file): before --events-file existed, --log-file held the JSON events, and a FILE.jsonl
+    still does, for one release, with a notice."""
+    if log_file is not None and log_file.suffix == ".jsonl" and events_file is None:
+        print(f"[watchdog] deprecated: --log-file {log_file} (JSON lines) is now --events-file; --log-file is "
+              "the text log", file=sys.stderr)
+        return log_file, None
+    return events_file, log_file

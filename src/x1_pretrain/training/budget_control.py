@@ -7,10 +7,10 @@ checks on its own clock, and what each verdict does.
   when no boundary comes within ``stop_wait_s``, the process exits 4 without a checkpoint and says so;
 * every budget stop alerts through every configured channel with the spend, the cap, the reason, the
   checkpoint written and what to do next;
-* with ``--fit-to-budget`` a projection over the cap is not a stop: each check computes how many more steps
-  the money left (and ``--max-hours``) pays for at the measured step time and moves the schedule's end there
-  (the loop applies it at the next step boundary, on every rank); only when not even one step fits does the
-  run stop with a checkpoint (exit 3).
+* with ``budget.fit`` (``--budget-fit``) a projection over the cap is not a stop: each check computes how many
+  more steps the money left (and ``budget.max_hours``) pays for at the measured step time and moves the
+  schedule's end there (the loop applies it at the next step boundary, on every rank); only when not even one
+  step fits does the run stop with a checkpoint (exit 3).
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ from ..budget.monitor import BudgetMonitor, Effects
 from ..budget.watcher import BudgetWatcher
 from ..core import names as N
 from ..core import redact
-from ..core.config import OptimConfig
+from ..core.config import BudgetConfig, OptimConfig
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW
 from . import checkpoint as ck
 from .loop import Outcome
-from .options import BudgetOptions
 from .schedule import Horizon, fitted_end, planned, retarget
 
 Log = Callable[[str], None]
@@ -44,16 +43,19 @@ ALERT_DEADLINE_S = 15.0
 
 @dataclass
 class BudgetSetup:
-    """The budget guard of this run (rank 0): its options, limits and alert channels."""
+    """The budget guard of this run (rank 0): the config's budget section, where the spend is read, the limits
+    and the alert channels."""
 
-    opts: BudgetOptions
+    cfg: BudgetConfig
+    curr_cost_uri: str
     limits: Limits
     alerter: Any
+    force_launch: bool = False
 
     def tags(self) -> dict[str, Any]:
         tags: dict[str, Any] = {"budget_cap_usd": self.limits.cap_usd, "budget_alert_usd": self.limits.alert_usd,
-                                "budget_source": redact.url(self.opts.source)}
-        if self.opts.force_launch:
+                                "budget_source": redact.url(self.curr_cost_uri)}
+        if self.force_launch:
             tags["force_launch"] = "true"
         return tags
 
@@ -76,11 +78,11 @@ def stop_message(code: int, reason: str, cap_usd: float, spent: float | None,
 
 @dataclass(frozen=True)
 class FitContext:
-    """What ``--fit-to-budget`` needs besides the money: the bound, the schedule and the clock."""
+    """What ``budget.fit`` (``--budget-fit``) needs besides the money: the bound, the schedule and the clock."""
 
     total_steps: int                  # the upper bound (--total-steps)
     optim: OptimConfig
-    expected_step_s: float | None     # until the speed is measured (--expected-step-s, or the GPU peak)
+    expected_step_s: float | None     # until the speed is measured (--budget-expected-step-s, or the GPU peak)
     max_hours: float | None = None    # the run's wall-clock window, from its first start (downtime included)
     first_start_estimate_unix: float = field(default_factory=time.time)   # used when the ledger has no record
 
@@ -97,10 +99,10 @@ class BudgetControl:
         self._fitted: int | None = None           # the end last proposed (to log changes only)
         self.ledger = Ledger(ckpt_dir, setup.limits.cap_usd, log)
         effects = Effects(send_alert=self._send, log=log, metrics=metrics)
-        self.monitor = BudgetMonitor(str(setup.opts.source), setup.limits, effects, self.ledger, fallback,
+        self.monitor = BudgetMonitor(setup.curr_cost_uri, setup.limits, effects, self.ledger, fallback,
                                      fit_mode=fit is not None)
-        self.watcher = BudgetWatcher(self.monitor.check, self.on_verdict, setup.opts.check_every_min * 60, log)
-        # --max-hours counts from the run's first start, kept in the ledger across restarts and machines
+        self.watcher = BudgetWatcher(self.monitor.check, self.on_verdict, setup.cfg.check_every_min * 60, log)
+        # budget.max_hours counts from the run's first start, kept in the ledger across restarts and machines
         self.run_started_unix = self.ledger.run_started(fit.first_start_estimate_unix) if fit else time.time()
         self.request: tuple[int, str] | None = None
         self._timer: threading.Timer | None = None
@@ -134,7 +136,7 @@ class BudgetControl:
         if self.request is not None:
             return
         self.request = (EXIT_BUDGET_CHECKPOINT, f"budget: {reason}")
-        wait = self.setup.opts.stop_wait_s
+        wait = self.setup.cfg.stop_wait_s
         self.log(f"{reason}: stopping at the next step boundary with a checkpoint (exit 3 if one comes within "
                  f"{wait:g} s)")
         self._timer = threading.Timer(wait, self._no_boundary, args=(reason, wait))
@@ -147,7 +149,7 @@ class BudgetControl:
                       "compile or collective?), so no checkpoint was written", last.spent_usd if last else None)
 
     def _refit(self, decision: Decision) -> None:
-        """--fit-to-budget: move the end to what the money and the time still pay for."""
+        """budget.fit: move the end to what the money and the time still pay for."""
         fit, m = self.fit, self.monitor
         assert fit is not None
         step_s = 3600 / m.steps_per_hour if m.steps_per_hour else fit.expected_step_s

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from x1_pretrain.budget.guard import Action, Limits
 from x1_pretrain.budget.ledger import LEDGER_FILE
+from x1_pretrain.core.config import BudgetConfig
 from x1_pretrain.core.errors import EXIT_BUDGET_NOW
 from x1_pretrain.training import checkpoint as ck
-from x1_pretrain.training.budget import BudgetControl, BudgetSetup, stop_message
-from x1_pretrain.training.options import BudgetOptions
+from x1_pretrain.training.budget_control import BudgetControl, BudgetSetup, stop_message
 
 from ..conftest import REPO
 from ..procs import train_cmd
@@ -46,7 +46,7 @@ def test_projected_over_the_cap_without_a_step_boundary_exits_4_and_says_so(tmp_
     budget = tmp_path / "budget.json"
     budget_json(budget, 20.0, projected=40.0)
     alerts = Alerts()
-    setup = BudgetSetup(BudgetOptions(cap_usd=35.0, source=str(budget), stop_wait_s=0.3), Limits(35.0, 30.0), alerts)
+    setup = BudgetSetup(BudgetConfig(cap_usd=35.0, stop_wait_s=0.3), str(budget), Limits(35.0, 30.0), alerts)
     control = BudgetControl(setup, tmp_path, lambda m: None, None)
     exited = threading.Event()
     codes: list[int] = []
@@ -82,8 +82,7 @@ def test_a_boundary_in_time_cancels_the_timer_and_checkpoints():
     with tempfile.TemporaryDirectory() as d:
         budget = Path(d) / "budget.json"
         budget_json(budget, 20.0, projected=40.0)
-        opts = BudgetOptions(cap_usd=35.0, source=str(budget), stop_wait_s=0.5)
-        setup = BudgetSetup(opts, Limits(35.0, 30.0), Alerts())
+        setup = BudgetSetup(BudgetConfig(cap_usd=35.0, stop_wait_s=0.5), str(budget), Limits(35.0, 30.0), Alerts())
         control = BudgetControl(setup, Path(d), lambda m: None, None)
         codes: list[int] = []
         control._exit = codes.append
@@ -98,13 +97,13 @@ def test_a_boundary_in_time_cancels_the_timer_and_checkpoints():
 
 
 def test_a_fit_check_late_in_a_step_counts_what_that_step_has_already_cost(tmp_path):
-    """--fit-to-budget, near the end of the money: $0.60 of reserve plus less than half a $0.10 step is left.
+    """--budget-fit, near the end of the money: $0.60 of reserve plus less than half a $0.10 step is left.
     A check 9 s into a 10 s step knows that 0.9 of the step in flight is already in the spend, so that step
     still fits and becomes the end (exit 0 at min_lr). Seen under load before the fix: the same money at the end
     of a step read as "not even one more step", and the run was cut one step before its decay ended."""
     from x1_pretrain.budget.money import Lines
     from x1_pretrain.core.config import OptimConfig
-    from x1_pretrain.training.budget import FitContext
+    from x1_pretrain.training.budget_control import FitContext
 
     optim = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, schedule="wsd", decay_fraction=0.5)
 
@@ -113,7 +112,7 @@ def test_a_fit_check_late_in_a_step_counts_what_that_step_has_already_cost(tmp_p
         budget = d / "budget.json"
         budget_json(budget, 35.0 - 0.60 - 0.05, rate=36.0)      # $0.01 a second, so a 10 s step is $0.10
         limits = Limits(35.0, 30.0, lines=Lines(0.0, 0.0, 0.0), reserve_min=1.0)
-        setup = BudgetSetup(BudgetOptions(cap_usd=35.0, source=str(budget)), limits, Alerts())
+        setup = BudgetSetup(BudgetConfig(cap_usd=35.0), str(budget), limits, Alerts())
         control = BudgetControl(setup, d, lambda m: None, None, fit=FitContext(400, optim, None))
         control.monitor.note_step(65, 400, 0.0)
         control.monitor.steps_per_hour = 360.0                  # measured: 10 s a step
@@ -129,12 +128,12 @@ def test_a_fit_check_late_in_a_step_counts_what_that_step_has_already_cost(tmp_p
 
 
 def test_max_hours_counts_from_the_runs_first_start_in_the_ledger(tmp_path):
-    """--max-hours 3: the ledger says the run first started 2 h 30 min ago (two processes and a preemption gap
+    """--budget-max-hours 3: the ledger says the run first started 2 h 30 min ago (two processes and a preemption gap
     ago), while this process started now and the checkpoint counts only 1 h of training wall time. The money
     is plenty; the time left (30 min, less the 6 min reserve) is what bounds the end: 24 min of 60 s steps."""
     from x1_pretrain.budget.money import Lines
     from x1_pretrain.core.config import OptimConfig
-    from x1_pretrain.training.budget import FitContext
+    from x1_pretrain.training.budget_control import FitContext
 
     optim = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, schedule="wsd", decay_fraction=0.5)
     budget = tmp_path / "budget.json"
@@ -143,7 +142,7 @@ def test_max_hours_counts_from_the_runs_first_start_in_the_ledger(tmp_path):
     (tmp_path / LEDGER_FILE).write_text(json.dumps({"format": "x1-budget-ledger/1", "run_started_utc": first,
                                                     "memory": {}, "events": []}))
     limits = Limits(1000.0, 900.0, lines=Lines(0.0, 0.0, 0.0), reserve_min=6.0)
-    setup = BudgetSetup(BudgetOptions(cap_usd=1000.0, source=str(budget)), limits, Alerts())
+    setup = BudgetSetup(BudgetConfig(cap_usd=1000.0), str(budget), limits, Alerts())
     fit = FitContext(10_000, optim, 60.0, max_hours=3.0, first_start_estimate_unix=time.time() - 3600)
     control = BudgetControl(setup, tmp_path, lambda m: None, None, fit=fit)
     control.monitor.note_step(100, 10_000, 0.0)
