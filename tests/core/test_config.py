@@ -97,7 +97,8 @@ def test_the_lab_config_holds_the_labs_budget_and_checkpoint_cadence():
     cfg = C.load(REPO / "configs" / "x1-50m-a100.yaml")
     b = cfg.budget
     assert (b.cap_usd, b.alert_usd, b.buffer_usd, b.reserve_min, b.check_every_min) == (35.0, 30.0, 5.0, 10.0, 30.0)
-    assert (b.sidecar_interval_min, b.unknown_grace_min, b.stop_wait_s, b.max_rate_usd_per_hr) == (5.0, 60.0, 120.0, 1.4)
+    assert (b.sidecar_interval_min, b.unknown_grace_min, b.stop_wait_s, b.max_rate_usd_per_hr) == \
+        (5.0, 60.0, 120.0, 1.4)
     assert (b.fit, b.max_hours) == (False, 24.0)
     assert (cfg.checkpoint.every_steps, cfg.checkpoint.keep_last) == (1800, 3)
 
@@ -131,7 +132,7 @@ def test_renamed_keys_are_read_for_one_release_with_a_notice(tmp_path, capsys):
         assert f"{old} is now {new}" in err
     assert err.count("deprecated") == len(C.RENAMED)
     both = write(tmp_path, "train: {ckpt_every: 7}\ncheckpoint: {every_steps: 8}\n")
-    with pytest.raises(C.ConfigError, match="train.ckpt_every: renamed checkpoint.every_steps, and both are set"):
+    with pytest.raises(C.ConfigError, match=r"train\.ckpt_every: renamed checkpoint\.every_steps, and both are set"):
         C.load(both)
 
 

@@ -61,16 +61,18 @@ def test_a_cap_adds_the_budget_guard_last(demo_data, tmp_path):
     budget = tmp_path / "budget.json"
     built, _ = built_for(tmp_path, demo_data, "--total-steps", "6")
     close(built)
+    from x1_pretrain.budget import alerts
     from x1_pretrain.training.budget_control import BudgetControl, BudgetSetup
     from x1_pretrain.training.session import budget_limits
 
     opts = options_from(build_parser().parse_args(["--config", str(TINY), "--data-dir", str(demo_data),
                                                    "--ckpt-dir", str(tmp_path / "g"), "--no-compile", *FAST,
-                                                   "--budget-cap-usd", "9", "--budget-curr-cost-uri", str(budget)]))
+                                                   "--budget-cap-usd", "9", "--budget-alert-usd", "8",
+                                                   "--budget-curr-cost-uri", str(budget)]))
     cfg = C.load(opts.config, opts.overrides, list(opts.sets))
     limits = budget_limits(opts, cfg.budget)
     assert limits is not None and limits.cap_usd == 9.0
-    setup = BudgetSetup(cfg.budget, str(budget), limits, alerter=None)
+    setup = BudgetSetup(cfg.budget, str(budget), limits, alerter=alerts.from_env())
     ctx = Context(cfg, opts, World(), torch.device("cpu"), [].append, StopFlag(), time.time(), guard=setup)
     built = build_run(ctx)
     try:

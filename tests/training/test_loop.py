@@ -11,7 +11,8 @@ import torch
 from x1_pretrain.core import config as C
 from x1_pretrain.data.tokens import Batch
 from x1_pretrain.model.transformer import Transformer
-from x1_pretrain.training.loop import LoopState, Run, train_loop
+from x1_pretrain.training.callbacks import loop_callbacks
+from x1_pretrain.training.loop import Callback, LoopState, Run, train_loop
 from x1_pretrain.training.schedule import fitted_end, planned
 
 from ..conftest import TINY
@@ -50,7 +51,7 @@ def tiny_run(total_steps: int, hooks: list) -> Run:
     val = [(torch.zeros(1, cfg.model.seq_len, dtype=torch.long), torch.zeros(1, cfg.model.seq_len, dtype=torch.long))]
     return Run(cfg, model, model, torch.optim.AdamW(model.parameters(), lr=1e-3), torch.device("cpu"), batches(), [0],
                val, flops_per_token=1, peak_tflops=None, console=Console(),
-               checkpointer=RecordingCheckpointer(), hooks=hooks)
+               checkpointer=RecordingCheckpointer(), callbacks=[*loop_callbacks(), *hooks])
 
 
 class Console(list):
@@ -58,15 +59,15 @@ class Console(list):
         self.append(msg)
 
 
-class ProposeAt:
+class ProposeAt(Callback):
     """What --budget-fit's check does, at a chosen boundary: the end it proposes is the one ``fitted_end``
     computes when ``fit`` steps fit at a check made during step ``at`` (so ``steps_done`` was ``at - 1``)."""
 
     def __init__(self, at: int, fit: int) -> None:
         self.at, self.fit, self.lrs = at, fit, {}
 
-    def after_step(self, run, state, metrics):
-        self.lrs[state.step] = metrics["train/lr"]
+    def after_step(self, run, state, report):
+        self.lrs[state.step] = report.metrics["train/lr"]
         if state.step == self.at:
             run.proposed_end = fitted_end(self.at - 1, self.fit, run.cfg.train.total_steps)
         return None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from x1_pretrain import watchdog
 from x1_pretrain.training.options import budget_of_command, build_parser, options_from
 
@@ -24,7 +26,7 @@ def test_budget_flags_are_overrides_of_the_config_keys():
 
 def test_the_watchdog_takes_the_cap_from_the_train_commands_config(tmp_path):
     cfg = tmp_path / "capped.yaml"
-    cfg.write_text(open(TINY).read() + "\nbudget:\n  cap_usd: 12.5\n  alert_usd: 10\n")
+    cfg.write_text(Path(TINY).read_text() + "\nbudget:\n  cap_usd: 12.5\n  alert_usd: 10\n")
     python = ["python", "-m", "x1_pretrain.train", "--config", str(cfg), "--data-dir", "d"]
     assert budget_of_command([*python, "--budget-curr-cost-uri", "b.json"]) == (12.5, "b.json")
     assert budget_of_command([*python, "--budget-cap-usd", "11"]) == (11.0, None)

@@ -10,6 +10,7 @@ import torch
 from x1_pretrain import train
 from x1_pretrain.core import safetensors_io
 from x1_pretrain.data.tokens import Batch
+from x1_pretrain.training.loop import StepReport, Throughput
 from x1_pretrain.training.spike import (
     SpikeDetector,
     SpikeInjector,
@@ -93,12 +94,14 @@ def watch_over(curve: list[tuple[float, float]], warmup: int, force: bool = Fals
     """A SpikeWatch with an injection planned at step 100, fed (loss, grad norm) for steps 1, 2, ..."""
     logs, tags = [], []
     inj = SpikeInjector(SpikeSchedule(100, 5), np.arange(3), np.full(3, 1 / 3), 0)
-    watch = SpikeWatch(SpikeDetector(warmup_steps=5), inj, False, force,
-                       SpikeReport(logs.append, lambda s, m: None, tags.append), warmup_steps=warmup)
+    watch = SpikeWatch(SpikeDetector(baseline_steps=5), inj, False, force,
+                       SpikeReport(logs.append, lambda s, m: None, tags.append), lr_warmup_steps=warmup)
     for s, (loss, gn) in enumerate(curve, start=1):
-        watch.observe(s - 1, loss, gn, 1.0)
+        assert watch.before_update(s - 1, loss, gn, 1.0) is False   # detection only: no update is skipped
         _At.step = s
-        watch.after_step(None, _At, {"train/loss": loss, "train/grad_norm": gn, "train/lr": 1e-3})
+        report = StepReport(s, 0.1, {"train/loss": loss, "train/grad_norm": gn, "train/lr": 1e-3}, Throughput(1),
+                            logged=True)
+        watch.after_step(None, _At, report)
     return inj, logs, tags
 
 

@@ -34,7 +34,7 @@ from ..core import redact
 from ..core.config import BudgetConfig, OptimConfig
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW
 from . import checkpoint as ck
-from .loop import Outcome
+from .loop import Callback, Outcome, Verdict
 from .schedule import Horizon, fitted_end, planned, retarget
 
 Log = Callable[[str], None]
@@ -87,7 +87,7 @@ class FitContext:
     first_start_estimate_unix: float = field(default_factory=time.time)   # used when the ledger has no record
 
 
-class BudgetControl:
+class BudgetControl(Callback):
     """The guard of one trainer process; ``after_step`` is what the loop sees after each step."""
 
     def __init__(self, setup: BudgetSetup, ckpt_dir: Path, log: Log, metrics: Any,
@@ -197,7 +197,7 @@ class BudgetControl:
         self._send(subject, body)
 
     # -- the loop's side --
-    def after_step(self, run: Any, state: Any, metrics: dict[str, float]) -> tuple[Outcome, bool] | None:
+    def after_step(self, run: Any, state: Any, report: Any) -> Verdict | None:
         ckpt_s = getattr(run.checkpointer, "last_save_s", 0.0) or 0.0
         self.horizon = run.horizon
         self.monitor.note_step(state.step, run.end_step, ckpt_s)

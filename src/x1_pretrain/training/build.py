@@ -24,6 +24,7 @@ from ..model import flops
 from ..model.transformer import Transformer, state_dict_for_saving
 from . import checkpoint as ck
 from .budget_control import BudgetControl, FitContext
+from .callbacks import ProgressFile, loop_callbacks
 from .checkpointer import CheckpointCalls, Checkpointer
 from .device import (
     CompileFallback,
@@ -35,7 +36,6 @@ from .device import (
     seed_everything,
 )
 from .distributed import World
-from .hooks import ProgressFile
 from .loop import LoopState, Run, StopFlag
 from .optim import build_optimizer
 from .options import TrainOptions
@@ -200,7 +200,7 @@ def restarts() -> int:
     return int(os.environ.get("X1_RESTART_COUNT", "0") or 0)
 
 
-def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> tuple[SpikeInjector | None, SpikeWatch]:
+def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> SpikeWatch:
     cfg, sp, log = ctx.cfg, ctx.opts.spike, ctx.log
     injector = None
     if sp.inject_at_step is not None:
@@ -220,7 +220,7 @@ def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> tupl
                        SpikeReport(log, tracker.log_metrics, tracker.set_tags), lr_warmup_steps=cfg.optim.warmup_steps)
     if resume.state.get("spike"):
         watch.load_state(resume.state["spike"])
-    return injector, watch
+    return watch
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,7 +383,7 @@ def build_run(ctx: Context) -> Built:
         f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")
     tracker = _tracker(ctx, uri, artifact_location, resume, data)
     tracker.set_tags({"compile_mode_effective": mode, **kernel_tags(model)})
-    injector, spike_watch = _spikes(ctx, data, tracker, resume)
+    spike_watch = _spikes(ctx, data, tracker, resume)
     control = BudgetControl(ctx.guard, ctx.ckpt_dir, log, tracker.log_metrics, ck.guard_snapshot(resume.state),
                             _fit_context(ctx, resume)) if ctx.guard is not None else None
     trainer_state = TrainerState(ctx=ctx, data=data, sampler=sampler, tracker=tracker, uri=uri,
@@ -393,18 +393,19 @@ def build_run(ctx: Context) -> Built:
     if fallback is not None:
         fallback.on_fallback = _compile_fallback_report(ctx, tracker, alert)
     checkpointer = _checkpointer(ctx, tracker, trainer_state, resume, alert)
-    hooks: list[Any] = [spike_watch]
+    callbacks = loop_callbacks()
     if checkpointer is not None:
-        hooks.insert(0, ProgressFile(ctx.ckpt_dir, ctx.started_unix, checkpointer))
+        callbacks.append(ProgressFile(ctx.ckpt_dir, ctx.started_unix, checkpointer))
+    callbacks.append(spike_watch)
     if control is not None:
-        hooks.append(control)
+        callbacks.append(control)
     fpt = flops.flops_per_token(cfg.model)
     peak = ctx.peak_tflops
     run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=optimizer, device=ctx.device, batches=iter(()),
               chunks=ctx.world.chunks(cfg.train.grad_accum_steps), val_batches=val_batches,
               flops_per_token=fpt.honest, world=ctx.world, ddp=ddp, peak_tflops=peak, tracker=tracker,
-              console=log, stop=ctx.stop, checkpointer=checkpointer, hooks=hooks, lab_flops_per_token=fpt.lab_6n,
-              batch_source=injector, spike_watch=spike_watch, horizon=_horizon(cfg, resume), alert=alert)
+              console=log, stop=ctx.stop, checkpointer=checkpointer, callbacks=callbacks,
+              lab_flops_per_token=fpt.lab_6n, horizon=_horizon(cfg, resume), alert=alert)
     return Built(run, state, resume, tracker, checkpointer, control, sampler, data)
 
 

@@ -1,8 +1,10 @@
-"""The training loop, as a story: batch → forward → backward → clip → step → log, then at their
-steps: eval, checkpoint, budget check, spike watch, interruption.
+"""The training loop, as the lab tells it: batch → forward → backward → clip → step → log, until the end;
+then a last eval and the final checkpoint. Everything else is a :class:`Callback` told of the loop's phases
+(``training/callbacks.py``: the eval and checkpoint cadences, the first-step timing, the throughput floor;
+the progress file, the spike watch and the budget guard come from the builder).
 
-Everything with a side effect (clock, signals, files, MLflow, the budget file) is built by
-``train.py`` and handed in through :class:`Run`, so tests can drive the loop with fakes.
+Everything with a side effect (clock, signals, files, MLflow, the budget file) is built by ``build.py`` and
+handed in through :class:`Run`, so tests drive the loop with fakes (``tests/training/test_loop.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch import nn
 
 from ..core import names as N
 from ..core.config import Config
-from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLOW
+from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK
 from ..data.tokens import Batch
 from .device import eager_modules
 from .distributed import World, agree_max, mean_over_ranks
@@ -57,19 +59,55 @@ class Tracker(Protocol):
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
 
 
-class StepHook(Protocol):
-    """Something that looks at the run after each optimizer step and may end it.
-
-    Returns None to carry on, or an Outcome; ``checkpoint`` asks the loop to write one first.
-    """
-
-    def after_step(self, run: Run, state: LoopState, metrics: dict[str, float]) -> tuple[Outcome, bool] | None: ...
+Verdict = tuple[Outcome, bool]   # how the run ends, and whether a checkpoint is written first
 
 
-class BatchSource(Protocol):
-    """Replaces the data batch of some steps (spike injection); must be a pure function of the step."""
+@dataclass
+class StepReport:
+    """One optimizer step as the callbacks see it."""
 
-    def replace(self, step: int, chunk: int, batch: Batch) -> Batch: ...
+    step: int                      # steps done (the console's numbering)
+    dt: float                      # its wall-clock seconds
+    metrics: dict[str, float]      # train/loss, train/grad_norm, train/lr; the throughput figures when logged
+    meter: Throughput
+    logged: bool                   # a logging step (the console line and the metrics were written)
+    checkpoint_now: bool = False   # a SIGUSR1 every rank agreed on (known at the boundary)
+
+
+class Callback:
+    """One concern of a run, told of the loop's phases; each method is optional (the defaults do nothing). In
+    the order of a step:
+
+    * ``batch``: each micro-batch before the forward; may replace it (spike injection);
+    * ``before_update``: after the backward and clipping; True skips this step's optimizer update;
+    * ``after_step``: may end the run with a :data:`Verdict`; the callbacks after the first that does are not
+      asked; rank 0's verdict and any rank's signal are agreed by every rank before anything acts on them;
+    * ``at_boundary``: every rank agreed to go on (the checkpoint cadence);
+    * ``after_eval``, ``after_checkpoint``: whenever the val loss was measured or a checkpoint written;
+    * ``on_stop``: the run ended (any way but an exception), after its last checkpoint.
+
+    Every rank runs every phase; a callback for rank 0 only checks ``run.world.main``."""
+
+    def batch(self, step: int, chunk: int, batch: Batch) -> Batch:
+        return batch
+
+    def before_update(self, step: int, loss: float, grad_norm: float, grad_clip: float) -> bool:
+        return False
+
+    def after_step(self, run: Run, state: LoopState, report: StepReport) -> Verdict | None:
+        return None
+
+    def at_boundary(self, run: Run, state: LoopState, report: StepReport) -> None:
+        return None
+
+    def after_eval(self, run: Run, state: LoopState, val_loss: float) -> None:
+        return None
+
+    def after_checkpoint(self, run: Run, state: LoopState, reason: str) -> None:
+        return None
+
+    def on_stop(self, run: Run, state: LoopState, outcome: Outcome) -> None:
+        return None
 
 
 class CheckpointSaver(Protocol):
@@ -108,10 +146,8 @@ class Run:
     clock: Callable[[], float] = time.monotonic
     stop: StopFlag = field(default_factory=StopFlag)
     checkpointer: CheckpointSaver | None = None
-    batch_source: BatchSource | None = None
-    hooks: list[StepHook] = field(default_factory=list)
+    callbacks: list[Callback] = field(default_factory=list)   # in order; callbacks.loop_callbacks() first
     lab_flops_per_token: int | None = None
-    spike_watch: Any = None          # spike.SpikeWatch: consulted before each update (may skip it)
     horizon: Horizon | None = None   # where the schedule ends (None: planned for train.total_steps)
     proposed_end: int = 0            # rank 0's wish for a new end (--budget-fit), agreed at the next boundary
     alert: Callable[[str, str], None] | None = None   # (subject, body) to the configured channels, if any
@@ -194,8 +230,8 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
         batch = next(run.batches)
         if (batch.step, batch.chunk) != (step, chunk):  # an invariant of the prefetcher
             raise RuntimeError(f"batch order broken: got {(batch.step, batch.chunk)}, expected {(step, chunk)}")
-        if run.batch_source is not None:
-            batch = run.batch_source.replace(step, chunk, batch)
+        for cb in run.callbacks:
+            batch = cb.batch(step, chunk, batch)
         x = batch.x.to(run.device, non_blocking=True)
         y = batch.y.to(run.device, non_blocking=True)
         sync_ctx = run.ddp.no_sync() if run.ddp is not None and i < n - 1 else contextlib.nullcontext()
@@ -210,8 +246,8 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
     if not (math.isfinite(loss_value) and math.isfinite(grad_norm)):
         run.optimizer.zero_grad(set_to_none=True)
         raise Diverged(step + 1, loss_value, grad_norm)  # numbered like the console: steps done
-    skip = run.spike_watch is not None and run.spike_watch.observe(step, loss_value, grad_norm, cfg.optim.grad_clip)
-    if not skip:
+    skips = [cb.before_update(step, loss_value, grad_norm, cfg.optim.grad_clip) for cb in run.callbacks]
+    if not any(skips):
         run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     return loss_value, grad_norm, lr
@@ -225,93 +261,75 @@ def _fmt_eta(seconds: float) -> str:
 
 
 def train_loop(run: Run, state: LoopState) -> Outcome:
-    """Run optimizer steps from ``state.step`` to ``train.total_steps``; return how it ended.
+    """Run optimizer steps from ``state.step`` to the schedule's end; return how it ended.
 
     Raises :class:`Diverged` on a NaN/Inf loss or grad norm (no checkpoint is written from those weights).
     """
-    cfg = run.cfg.train
-    tokens_per_step = run.cfg.tokens_per_step()
-    meter = Throughput(cfg.throughput_window)
+    meter = Throughput(run.cfg.train.throughput_window)
     run.raw_model.train()
     if state.step == 0:
-        _eval_and_log(run, state)  # the starting point of the val curve
-    floor = ThroughputFloor()
+        evaluate_and_tell(run, state)  # the starting point of the val curve
     _agree_end(run, state.step)
     while state.step < run.end_step:
-        step = state.step
-        t0 = run.clock()
-        loss, grad_norm, lr = train_step(run, step)
-        if run.device.type == "cuda":
-            torch.cuda.synchronize(run.device)
-        dt = run.clock() - t0
-        meter.add(dt)
-        state.step = step + 1
-        if meter.seen == 1:  # this process's first step: compilation and warm-up, worth knowing on a paid GPU
-            run.console(f"first step of this process took {dt:.1f} s (compilation and warm-up included)")
-            if run.tracker is not None:
-                run.tracker.log_metrics(state.step, {N.TRAIN_FIRST_STEP_S: dt})
-        state.tokens_seen += tokens_per_step
-        state.train_time_s += dt
-        state.last_step_s = dt
-        state.last_loss = loss
-        done = state.step
-
-        metrics: dict[str, float] = {N.TRAIN_LOSS: loss, N.TRAIN_GRAD_NORM: grad_norm,
-                                     N.TRAIN_LR: lr}
-        end = run.end_step
-        logged = done % cfg.log_every == 0 or done == 1 or done == end
-        if logged:
-            _log_step(run, state, meter, metrics, dt)
-        verdict = floor.check(run, state, meter, metrics)
-
-        if done % cfg.eval_every == 0 and done != end:
-            _eval_and_log(run, state)
-
-        for hook in run.hooks:
-            if verdict is None:
-                verdict = hook.after_step(run, state, metrics)
-
+        report = _one_step(run, state, meter)
+        verdict = next((v for cb in run.callbacks if (v := cb.after_step(run, state, report)) is not None), None)
         # Every rank acts on the same decisions at the same step: rank 0's verdict, anyone's signal.
         code, want_ckpt, stop, ckpt_now = agree_max(
             [verdict[0].exit_code if verdict else 0, int(verdict[1]) if verdict else 0,
              int(run.stop.requested is not None), int(run.stop.checkpoint_now)], run.world, run.device)
         if code:
-            outcome = verdict[0] if verdict else Outcome(code, "stopped by rank 0", done)
+            outcome = verdict[0] if verdict else Outcome(code, "stopped by rank 0", report.step)
             # A budget stop ends the run for good: its checkpoint is the final one (final.safetensors).
             return _end(run, state, outcome, checkpoint=bool(want_ckpt), final=code == EXIT_BUDGET_CHECKPOINT)
-
-        _agree_end(run, done)
-        if run.end_step <= done and not logged:   # the fit pulled the end to this step: it is the last, log it
-            _log_step(run, state, meter, metrics, dt)
-        periodic = run.checkpointer.due(done, run.cfg.checkpoint.every_steps, run.cfg.checkpoint.every_min) \
-            if run.checkpointer is not None and done < run.end_step else None
-        if run.checkpointer is not None and periodic:
-            run.checkpointer.save(run, state, periodic)
-        elif run.checkpointer is not None and ckpt_now:
-            run.checkpointer.save(run, state, "requested (SIGUSR1)")
+        _agree_end(run, report.step)
+        if run.end_step <= report.step and not report.logged:   # the fit pulled the end here: the last step
+            _log_step(run, state, report)
+        report.checkpoint_now = bool(ckpt_now)
+        for cb in run.callbacks:
+            cb.at_boundary(run, state, report)
         if ckpt_now:  # a SIGUSR1 that arrived after the agreement is served next step
             run.stop.checkpoint_now = False
-
         if stop:
             why = run.stop.requested or "a signal to another rank"
-            run.console(f"{why} received: stopping after step {done} with a checkpoint")
-            outcome = _end(run, state, Outcome(EXIT_INTERRUPTED, f"interrupted by {why}", done), checkpoint=True)
-            if run.stop.requested_at is not None:
-                run.console(f"clean stop {run.clock() - run.stop.requested_at:.2f} s after {why}")
-            return outcome
+            run.console(f"{why} received: stopping after step {report.step} with a checkpoint")
+            return _end(run, state, Outcome(EXIT_INTERRUPTED, f"interrupted by {why}", report.step), checkpoint=True)
 
     if state.last_eval_step != state.step:   # not evaluated at this step already (an end the fit pulled here)
-        _eval_and_log(run, state)
-    why = "finished" if run.end_step == cfg.total_steps else \
-        f"finished at the end the budget fitted (step {run.end_step} of at most {cfg.total_steps})"
+        evaluate_and_tell(run, state)
+    total = run.cfg.train.total_steps
+    why = "finished" if run.end_step == total else \
+        f"finished at the end the budget fitted (step {run.end_step} of at most {total})"
     return _end(run, state, Outcome(EXIT_OK, why, state.step), checkpoint=True, final=True)
 
 
-def _log_step(run: Run, state: LoopState, meter: Throughput, metrics: dict[str, float], dt: float) -> None:
+def _one_step(run: Run, state: LoopState, meter: Throughput) -> StepReport:
+    """One optimizer step, timed, counted and (at its cadence) logged."""
+    t0 = run.clock()
+    loss, grad_norm, lr = train_step(run, state.step)
+    if run.device.type == "cuda":
+        torch.cuda.synchronize(run.device)
+    dt = run.clock() - t0
+    meter.add(dt)
+    state.step += 1
+    state.tokens_seen += run.cfg.tokens_per_step()
+    state.train_time_s += dt
+    state.last_step_s = dt
+    state.last_loss = loss
+    report = StepReport(state.step, dt, {N.TRAIN_LOSS: loss, N.TRAIN_GRAD_NORM: grad_norm, N.TRAIN_LR: lr}, meter,
+                        logged=False)
+    done, every = state.step, run.cfg.train.log_every
+    if done % every == 0 or done == 1 or done == run.end_step:
+        _log_step(run, state, report)
+    return report
+
+
+def _log_step(run: Run, state: LoopState, report: StepReport) -> None:
     """The console line and the logged metrics of a logging step. MFU twice: honest (what the GPU did, attention
     included) and the lab's 6N figure (ERRATA 1), each labelled."""
+    report.logged = True
+    metrics, meter = report.metrics, report.meter
     tokens_per_step = run.cfg.tokens_per_step()
-    mean_dt = meter.mean_step_s() if meter.times else dt
+    mean_dt = meter.mean_step_s() if meter.times else report.dt
     tps = tokens_per_step / mean_dt
     peak = run.peak_tflops * 1e12 * run.world_size if run.peak_tflops else None
     mfu = tps * run.flops_per_token / peak if peak else float("nan")
@@ -335,43 +353,6 @@ def _log_step(run: Run, state: LoopState, meter: Throughput, metrics: dict[str, 
                 f"grad {metrics[N.TRAIN_GRAD_NORM]:7.3f} | {tps:10,.0f} tok/s | {mfu_s} | ETA {_fmt_eta(eta)}")
 
 
-class ThroughputFloor:
-    """``--min-tokens-per-s``, as the lab means it: during the run's first ``min_tokens_per_s_window_min``
-    minutes of training (summed over restarts) a warm window below the floor ends the run (exit 6, to
-    diagnose); later a drop is logged and alerted once per episode and training goes on, unless
-    ``min_tokens_per_s_always``."""
-
-    def __init__(self) -> None:
-        self.below = False   # inside a reported episode (after the window)
-
-    def check(self, run: Run, state: LoopState, meter: Throughput,
-              metrics: dict[str, float]) -> tuple[Outcome, bool] | None:
-        cfg = run.cfg.train
-        tps = metrics.get(N.TRAIN_TOKENS_PER_S)
-        if cfg.min_tokens_per_s is None or tps is None or not meter.warm or not run.world.main:
-            return None
-        if tps >= cfg.min_tokens_per_s:
-            if self.below:
-                run.console(f"throughput back above --min-tokens-per-s: {tps:,.0f} tokens/s")
-            self.below = False
-            return None
-        what = (f"throughput {tps:,.0f} tokens/s over the last {len(meter.times)} steps is below "
-                f"--min-tokens-per-s {cfg.min_tokens_per_s:,.0f}")
-        in_window = state.train_time_s <= cfg.min_tokens_per_s_window_min * 60
-        if in_window or cfg.min_tokens_per_s_always:
-            run.console(f"{what}: stopping to diagnose (exit 6)")
-            return Outcome(EXIT_SLOW, "throughput below floor", state.step), True
-        if not self.below:
-            self.below = True
-            run.console(f"warning: {what} at step {state.step}, after the first "
-                        f"{cfg.min_tokens_per_s_window_min:g} min: training goes on (diagnose it: another process "
-                        "on the GPU, thermal throttling, a slow disk; --min-tokens-per-s-always stops instead)")
-            if run.alert is not None:
-                run.alert(f"x1 throughput dropped to {tps:,.0f} tokens/s at step {state.step}",
-                          f"{what}. The run continues.")
-        return None
-
-
 def _agree_end(run: Run, next_step: int) -> None:
     """Every rank moves the schedule's end at the same step boundary, to rank 0's proposal (--budget-fit).
 
@@ -391,15 +372,27 @@ def _agree_end(run: Run, next_step: int) -> None:
                               anchor_step=min(run.horizon.anchor_step, next_step))
 
 
-def _eval_and_log(run: Run, state: LoopState) -> None:
+def evaluate_and_tell(run: Run, state: LoopState) -> float:
+    """Measure the val loss now and tell the callbacks (``after_eval``: the log line and the metric)."""
     val = evaluate(run)
     state.last_val_loss, state.last_eval_step = val, state.step
-    if run.tracker is not None:
-        run.tracker.log_metrics(state.step, {N.VAL_LOSS: val})
-    run.console(f"step {state.step:>7} | val loss {val:.4f}")
+    for cb in run.callbacks:
+        cb.after_eval(run, state, val)
+    return val
+
+
+def save_and_tell(run: Run, state: LoopState, reason: str, required: bool = False) -> None:
+    """Write a checkpoint (``run.checkpointer``) and tell the callbacks (``after_checkpoint``)."""
+    if run.checkpointer is None:
+        return
+    run.checkpointer.save(run, state, reason, required=required)
+    for cb in run.callbacks:
+        cb.after_checkpoint(run, state, reason)
 
 
 def _end(run: Run, state: LoopState, outcome: Outcome, checkpoint: bool, final: bool = False) -> Outcome:
-    if checkpoint and run.checkpointer is not None:
-        run.checkpointer.save(run, state, "final" if final else outcome.reason, required=True)
+    if checkpoint:
+        save_and_tell(run, state, "final" if final else outcome.reason, required=True)
+    for cb in run.callbacks:
+        cb.on_stop(run, state, outcome)
     return outcome

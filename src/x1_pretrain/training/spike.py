@@ -31,6 +31,8 @@ import numpy as np
 import torch
 
 from ..core import names as N
+from ..data.tokens import Batch
+from .loop import Callback
 
 RARE_FRACTION = 0.01
 
@@ -192,8 +194,9 @@ class SpikeReport:
     tags: Callable[[dict[str, Any]], None]
 
 
-class SpikeWatch:
-    """Detection (consulted inside the step, before the update) and reporting (a loop StepHook).
+class SpikeWatch(Callback):
+    """The loop's one spike callback: injection (``batch``), detection (``before_update``, which may skip the
+    update) and reporting (``after_step``).
 
     Around a spike the per-step history is logged densely: the last ``HISTORY`` steps before it and every
     step for ``DENSE_AFTER`` steps after, so the post-mortem has a full timeline even with --log-every 10.
@@ -216,16 +219,21 @@ class SpikeWatch:
         self._event: SpikeEvent | None = None
         self._skipped = False
 
-    # inside the step
-    def observe(self, step_index: int, loss: float, grad_norm: float, grad_clip: float) -> bool:
+    def batch(self, step: int, chunk: int, batch: Batch) -> Batch:
+        """The rare-token batch in place of the data on the injected steps."""
+        return self.injector.replace(step, chunk, batch) if self.injector is not None else batch
+
+    def before_update(self, step: int, loss: float, grad_norm: float, grad_clip: float) -> bool:
         """Returns True when the optimizer update of this step must be skipped."""
+        return self.observe(step, loss, grad_norm, grad_clip)
+
+    def observe(self, step_index: int, loss: float, grad_norm: float, grad_clip: float) -> bool:
         self._event = self.detector.observe(step_index + 1, loss, grad_norm, grad_clip)
         self._skipped = self._event is not None and self.skip_updates
         return self._skipped
 
-    # after the step
-    def after_step(self, run: Any, state: Any, metrics: dict[str, float]) -> None:
-        step = state.step
+    def after_step(self, run: Any, state: Any, report: Any) -> None:
+        step, metrics = state.step, report.metrics
         basic: dict[str, float] = {k: metrics[k] for k in (N.TRAIN_LOSS, N.TRAIN_GRAD_NORM, N.TRAIN_LR) if k in metrics}
         extra: dict[str, float] = {}
         inj = self.injector
