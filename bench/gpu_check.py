@@ -315,8 +315,10 @@ def read_mlflow_file_store(store: Path) -> tuple[dict[str, float], dict[str, str
 
 
 def trainer_sets(smoke: bool) -> list[str]:
-    """--set overrides of the trainer phase: no eval or checkpoint in the timed steps; the smoke's tiny shapes."""
-    sets = ["train.eval_every=100000", "train.eval_batches=2", "checkpoint.every_steps=100000", "train.log_every=5"]
+    """--set overrides of the trainer phase: no eval or checkpoint in the timed steps, no budget guard (no billing
+    sidecar runs during the check); the smoke's tiny shapes."""
+    sets = ["train.eval_every=100000", "train.eval_batches=2", "checkpoint.every_steps=100000", "train.log_every=5",
+            "budget.cap_usd=null"]
     return sets + TINY_SETS if smoke else sets
 
 
