@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         _check(args)
-        ask = BudgetAsk(args.provider, args.planned_hours, FixedLines(args.disk_usd, args.egress_usd),
-                        args.started_utc)
+        lines = FixedLines(disk_usd=args.disk_usd, egress_usd=args.egress_usd)
+        ask = BudgetAsk(args.provider, args.planned_hours, lines, args.started_utc)
         sidecar = Sidecar(make_source(args, os.environ), args.out, ask, load_state(args.out))
         sidecar._say(f"{args.provider}: writing {args.out} (state in {args.out}.state)")
         if args.once:

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         ask = Ask(hours=args.hours, steps=args.total_steps, mfu=b.assumed_mfu, tokens_per_s=args.tokens_per_s,
                   n_gpus=args.num_gpus, cap_usd=b.cap_usd, max_hours=b.max_hours,
                   setup_hours=args.setup_hours, peak_tflops=args.peak_tflops,
-                  lines=Lines(args.egress_usd, args.disk_usd, b.buffer_usd), reserve_min=b.reserve_min)
+                  lines=Lines(egress_usd=args.egress_usd, disk_usd=args.disk_usd, buffer_usd=b.buffer_usd),
+                  reserve_min=b.reserve_min)
         plan = make_plan(cfg, args.gpu, args.rate_usd_per_hr, ask)
         source = ("--total-steps" if args.total_steps else f"{args.hours:g} h" if args.hours
                   else "train.total_steps in the config")

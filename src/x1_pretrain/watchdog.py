@@ -86,7 +86,8 @@ def options(args: argparse.Namespace, cmd: list[str]) -> W.WatchdogOptions:
     line = None
     if cap is not None and source:
         try:
-            line = W.BudgetLine(source, float(cap), args.budget_poll_s, args.budget_kill_grace_s)
+            line = W.BudgetLine(curr_cost_uri=source, cap_usd=float(cap), poll_s=args.budget_poll_s,
+                                kill_grace_s=args.budget_kill_grace_s)
         except ValueError:
             raise X1Error(f"--budget-cap-usd {cap!r} is not a number") from None
         if line.poll_s <= 0 or line.kill_grace_s < 0:

@@ -57,7 +57,7 @@ def test_gate_arithmetic_matches_the_errata():
     snap = parse({"spent_usd": 0.0, "rate_usd_per_hr": 1.10, "hours_elapsed": 0, "projected_total_usd": 0,
                   "last_update_utc": "2026-05-23T15:42:01Z"})
     step_s = 524288 * 609_071_616 / (312e12 * 0.48)
-    plan = LaunchPlan(84000, 0, step_s)
+    plan = LaunchPlan(total_steps=84000, steps_done=0, step_s=step_s)
     limits = Limits(35.0, 30.0)
     (problem,) = gate_problems(snap, plan, limits, 1.40)
     compute = 84000 * step_s / 3600 * 1.10

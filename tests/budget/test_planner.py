@@ -133,8 +133,9 @@ def test_plan_and_the_launch_gate_print_the_same_what_fits_number(cfg, tmp_path,
     planned = int(out.split("the largest run inside both: ")[1].split(" steps")[0].replace(",", ""))
     snap = parse({"spent_usd": 0.0, "rate_usd_per_hr": 1.10, "hours_elapsed": 0, "projected_total_usd": 0,
                   "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
-    gate = fitting_steps(snap.snapshot, LaunchPlan(84000, 0, step_s), Limits(35.0, 30.0))
-    (problem,) = gate_problems(snap, LaunchPlan(84000, 0, step_s), Limits(35.0, 30.0), 1.40)
+    launch = LaunchPlan(total_steps=84000, steps_done=0, step_s=step_s)
+    gate = fitting_steps(snap.snapshot, launch, Limits(35.0, 30.0))
+    (problem,) = gate_problems(snap, launch, Limits(35.0, 30.0), 1.40)
     assert code == 0 and planned == gate and f"about {gate:,} steps in all fit" in problem
     runbook = (REPO / "docs" / "cloud-runbook.md").read_text()
     code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--hours", "24")

@@ -103,7 +103,7 @@ class Clock:
         return self.t
 
 
-NO_LINES = bs.FixedLines(0.0, 0.0)
+NO_LINES = bs.FixedLines(disk_usd=0.0, egress_usd=0.0)
 
 
 def ask(provider: str, started: datetime | None = T0, planned: float = 24.0,

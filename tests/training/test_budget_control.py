@@ -12,6 +12,7 @@ from pathlib import Path
 
 from x1_pretrain.budget.guard import Action, Limits
 from x1_pretrain.budget.ledger import LEDGER_FILE
+from x1_pretrain.budget.money import Lines
 from x1_pretrain.core.config import BudgetConfig
 from x1_pretrain.core.errors import EXIT_BUDGET_NOW
 from x1_pretrain.training import checkpoint as ck
@@ -19,6 +20,8 @@ from x1_pretrain.training.budget_control import BudgetControl, BudgetSetup, stop
 
 from ..conftest import REPO
 from ..procs import train_cmd
+
+NO_LINES = Lines(egress_usd=0.0, disk_usd=0.0, buffer_usd=0.0)
 
 
 def budget_json(path: Path, spent: float, projected: float | None = None, rate: float = 1.10) -> None:
@@ -101,7 +104,6 @@ def test_a_fit_check_late_in_a_step_counts_what_that_step_has_already_cost(tmp_p
     A check 9 s into a 10 s step knows that 0.9 of the step in flight is already in the spend, so that step
     still fits and becomes the end (exit 0 at min_lr). Seen under load before the fix: the same money at the end
     of a step read as "not even one more step", and the run was cut one step before its decay ended."""
-    from x1_pretrain.budget.money import Lines
     from x1_pretrain.core.config import OptimConfig
     from x1_pretrain.training.budget_control import FitContext
 
@@ -111,9 +113,10 @@ def test_a_fit_check_late_in_a_step_counts_what_that_step_has_already_cost(tmp_p
         d.mkdir()
         budget = d / "budget.json"
         budget_json(budget, 35.0 - 0.60 - 0.05, rate=36.0)      # $0.01 a second, so a 10 s step is $0.10
-        limits = Limits(35.0, 30.0, lines=Lines(0.0, 0.0, 0.0), reserve_min=1.0)
+        limits = Limits(35.0, 30.0, lines=NO_LINES, reserve_min=1.0)
         setup = BudgetSetup(BudgetConfig(cap_usd=35.0), str(budget), limits, Alerts())
-        control = BudgetControl(setup, d, lambda m: None, None, fit=FitContext(400, optim, None))
+        control = BudgetControl(setup, d, lambda m: None, None,
+                                fit=FitContext(total_steps=400, optim=optim, expected_step_s=None))
         control.monitor.note_step(65, 400, 0.0)
         control.monitor.steps_per_hour = 360.0                  # measured: 10 s a step
         control.monitor._last_step_at -= in_flight_s            # the step after 65 has run this long
@@ -131,7 +134,6 @@ def test_max_hours_counts_from_the_runs_first_start_in_the_ledger(tmp_path):
     """--budget-max-hours 3: the ledger says the run first started 2 h 30 min ago (two processes and a preemption gap
     ago), while this process started now and the checkpoint counts only 1 h of training wall time. The money
     is plenty; the time left (30 min, less the 6 min reserve) is what bounds the end: 24 min of 60 s steps."""
-    from x1_pretrain.budget.money import Lines
     from x1_pretrain.core.config import OptimConfig
     from x1_pretrain.training.budget_control import FitContext
 
@@ -141,9 +143,10 @@ def test_max_hours_counts_from_the_runs_first_start_in_the_ledger(tmp_path):
     first = datetime.fromtimestamp(time.time() - 2.5 * 3600, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     (tmp_path / LEDGER_FILE).write_text(json.dumps({"format": "x1-budget-ledger/1", "run_started_utc": first,
                                                     "memory": {}, "events": []}))
-    limits = Limits(1000.0, 900.0, lines=Lines(0.0, 0.0, 0.0), reserve_min=6.0)
+    limits = Limits(1000.0, 900.0, lines=NO_LINES, reserve_min=6.0)
     setup = BudgetSetup(BudgetConfig(cap_usd=1000.0), str(budget), limits, Alerts())
-    fit = FitContext(10_000, optim, 60.0, max_hours=3.0, first_start_estimate_unix=time.time() - 3600)
+    fit = FitContext(total_steps=10_000, optim=optim, expected_step_s=60.0, max_hours=3.0,
+                     first_start_estimate_unix=time.time() - 3600)
     control = BudgetControl(setup, tmp_path, lambda m: None, None, fit=fit)
     control.monitor.note_step(100, 10_000, 0.0)
     control.on_verdict(control.monitor.check())

@@ -16,7 +16,7 @@ from .money import Money, steps_that_fit
 from .source import read_source
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
     """The run the user is about to pay for."""
 
@@ -49,8 +49,8 @@ def as_the_guard_sees_it(reading: Reading, limits: Limits, memory: Memory, now: 
 
 def money_at(snapshot: Snapshot, limits: Limits) -> Money:
     """Where the money stands at launch, in the one planner's terms (budget/money.py)."""
-    return Money(limits.cap_usd, snapshot.rate_usd_per_hr, limits.lines, snapshot.spent_usd,
-                 snapshot.fixed_usd is not None, 0.0, limits.reserve_min)
+    return Money(limits.cap_usd, snapshot.rate_usd_per_hr, lines=limits.lines, spent_usd=snapshot.spent_usd,
+                 fixed_in_spent=snapshot.fixed_usd is not None, reserve_min=limits.reserve_min)
 
 
 def planned_total(snapshot: Snapshot, plan: LaunchPlan, limits: Limits) -> float | None:

@@ -350,7 +350,8 @@ def money_now(limits: Limits, memory: Memory, spent: float, progress: Progress |
     """Where the money stands at a check, in the planner's terms (budget/money.py)."""
     reserve = max(limits.reserve_min, (progress.final_checkpoint_s if progress else 0.0) / 60)
     fixed_in = memory.last_good is not None and memory.last_good.fixed_usd is not None
-    return Money(limits.cap_usd, memory.rate_usd_per_hr or 0.0, limits.lines, spent, fixed_in, 0.0, reserve)
+    return Money(limits.cap_usd, memory.rate_usd_per_hr or 0.0, lines=limits.lines, spent_usd=spent,
+                 fixed_in_spent=fixed_in, reserve_min=reserve)
 
 
 def _decision(notes: _Notes, action: Action, reason: str, spent: float | None, projected: float | None,

@@ -10,12 +10,12 @@ still to come, and a reserve for the final checkpoint, export and shutdown. Pure
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from ..core.defaults import DEFAULT_MFU, DEFAULT_RESERVE_MIN  # noqa: F401  (shared with the config's budget:)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Lines:
     """The bill's lines besides compute (USD): the lab's egress $1 and disk $2, and a $5 buffer for one restart."""
 
@@ -34,6 +34,7 @@ class Money:
 
     cap_usd: float
     rate_usd_per_hr: float
+    _: KW_ONLY                        # the rest by name: several floats in a row
     lines: Lines = Lines()
     spent_usd: float = 0.0            # already billed (the sidecar's spent_usd)
     fixed_in_spent: bool = False      # spent_usd already carries the fixed lines (budget.json has fixed_usd)

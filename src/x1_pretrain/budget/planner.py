@@ -54,7 +54,8 @@ class Plan:
     @property
     def money(self) -> Money:
         """The plan in the one planner's terms (budget/money.py): nothing spent yet."""
-        return Money(self.cap_usd, self.rate_usd_per_hr, self.lines, 0.0, False, self.setup_hours, self.reserve_min)
+        return Money(self.cap_usd, self.rate_usd_per_hr, lines=self.lines, setup_hours=self.setup_hours,
+                     reserve_min=self.reserve_min)
 
     @property
     def step_s(self) -> float:

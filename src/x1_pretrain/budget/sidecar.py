@@ -47,7 +47,7 @@ def boot_time() -> datetime | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FixedLines:
     """The bill's lines besides compute (the lab: $1 egress, $2 disk), counted in full from the start."""
 

@@ -76,7 +76,7 @@ def stop_message(code: int, reason: str, cap_usd: float, spent: float | None,
     return subject, f"Reason: {reason}\nSpent: {spent_s}; cap: ${cap_usd:.2f}.\n{after}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FitContext:
     """What ``budget.fit`` (``--budget-fit``) needs besides the money: the bound, the schedule and the clock."""
 

@@ -329,8 +329,9 @@ def _fit_context(ctx: Context, resume: Resume) -> FitContext | None:
         return None
     fpt = flops.flops_per_token(cfg.model).honest
     step_s = expected_step_s(b.expected_step_s, cfg.tokens_per_step(), fpt, ctx.peak_tflops, b.assumed_mfu)
-    return FitContext(cfg.train.total_steps, cfg.optim, step_s, b.max_hours,
-                      ctx.started_unix - float(resume.state.get("wall_clock_s", 0.0)))
+    first_start = ctx.started_unix - float(resume.state.get("wall_clock_s", 0.0))
+    return FitContext(total_steps=cfg.train.total_steps, optim=cfg.optim, expected_step_s=step_s,
+                      max_hours=b.max_hours, first_start_estimate_unix=first_start)
 
 
 def _horizon(cfg: C.Config, resume: Resume) -> Horizon:

@@ -22,14 +22,14 @@ DESCRIPTION = """Pretrain the model: python -m x1_pretrain.train --config config
 """ + exit_code_help()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpikeOptions:
     inject_at_step: int | None = None
     batches: int = 5
     force_inject: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainOptions:
     config: str
     data_dir: str
@@ -188,7 +188,8 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
         experiment=args.experiment, run_name=args.run_name, resume=args.resume_from_latest,
         allow_config_change=args.allow_config_change, peak_tflops=args.peak_tflops,
         overrides={k: v for k, v in pairs.items() if v is not None}, sets=tuple(args.set),
-        spike=SpikeOptions(args.inject_spike_at_step, args.spike_batches, args.force_inject),
+        spike=SpikeOptions(inject_at_step=args.inject_spike_at_step, batches=args.spike_batches,
+                           force_inject=args.force_inject),
         stop_grace_s=args.stop_grace_s, curr_cost_uri=args.budget_curr_cost_uri, force_launch=args.force_launch,
         dry_run_budget=args.dry_run_budget)
 

@@ -80,7 +80,7 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
     done = int(latest.split("_")[1]) if latest and latest.startswith("step_") else 0
     step_s = bg.expected_step_s(b.expected_step_s, cfg.tokens_per_step(), flops.flops_per_token(cfg.model).honest,
                                 peak, b.assumed_mfu)
-    plan = bg.LaunchPlan(cfg.train.total_steps, done, step_s, resumed=done > 0, fit=b.fit)
+    plan = bg.LaunchPlan(total_steps=cfg.train.total_steps, steps_done=done, step_s=step_s, resumed=done > 0, fit=b.fit)
     if opts.dry_run_budget:
         return bg.dry_run(setup.curr_cost_uri, limits, plan, b.max_rate_usd_per_hr, setup.alerter, log), "dry run"
     if not setup.alerter.channels():

@@ -68,7 +68,7 @@ def ckpt_dir_of(cmd: list[str]) -> Path:
     return Path(flag_of(cmd, "--ckpt-dir") or "checkpoints")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BudgetLine:
     """The watchdog's own budget check (the second line): where the spend is read and the cap."""
 
