@@ -209,7 +209,8 @@ def test_metric_names_are_constants_and_every_name_read_is_written():
     bare = [f"{p.relative_to(PKG)}: {m.group(0)}" for p in FILES if p.name != "names.py"
             for m in literal.finditer(p.read_text())]
     assert not bare, f"use the constants of core/names.py: {bare}"
-    used = {p: set(re.findall(r"\bN\.([A-Z][A-Z0-9_]+)\b", p.read_text())) for p in FILES}
+    used = {p: {r for r in re.findall(r"\bN\.([A-Z][A-Z0-9_]+)\b", p.read_text()) if "TAG_" not in r}
+            for p in FILES}
     for p, refs in used.items():
         unknown = [r for r in refs if not hasattr(names, r)]
         assert not unknown, f"{p.name}: {unknown}"
@@ -218,3 +219,21 @@ def test_metric_names_are_constants_and_every_name_read_is_written():
     assert read <= written, f"read but never written: {sorted(read - written)}"
     constants = {k for k, v in vars(names).items() if isinstance(v, str) and v in names.METRICS}
     assert constants <= written, f"defined but never written: {sorted(constants - written)}"
+
+
+def test_tag_names_are_constants_and_every_tag_read_is_written():
+    """MLflow tags as the metrics: the names live in core/names.py, a tag the report reads is one the trainer
+    sets, and no tag is read or set through a bare string."""
+    from x1_pretrain.core import names
+
+    bare = re.compile(r"""(?:tags\.get\(|tags\[|set_tags\(\{)\s*["'][a-z_0-9]+["']""")
+    found = [f"{p.relative_to(PKG)}: {m.group(0)}" for p in FILES for m in bare.finditer(p.read_text())]
+    assert not found, f"use the TAG_ constants of core/names.py: {found}"
+    used = {p: set(re.findall(r"\bN\.(TAG_[A-Z0-9_]+)\b", p.read_text())) for p in FILES}
+    written = set().union(*(r for p, r in used.items() if p.parent.name in ("training", "budget")))
+    read = set().union(*(r for p, r in used.items() if p.parent.name == "report"))
+    assert read <= written, f"read but never written: {sorted(read - written)}"
+    constants = {k for k, v in vars(names).items() if k.startswith("TAG_")}
+    assert constants == {k for k, v in vars(names).items() if isinstance(v, str) and v in names.TAGS}
+    assert constants <= written, f"defined but never written: {sorted(constants - written)}"
+

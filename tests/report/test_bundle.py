@@ -227,7 +227,7 @@ def test_budget_falls_back_to_the_checkpoint_snapshot(built, tmp_path, capsys):
     run = runs.load_run(built.uri)
     alone = tmp_path / "ckpt"                              # the step dir without the guard's ledger beside it
     shutil.copytree(built.ckpt / "step_0000006", alone / "step_0000006")
-    run.tags["budget_source"] = str(built.root / "gone.json")
+    run.tags["budget_curr_cost_uri"] = str(built.root / "gone.json")
     dollars, _ = manifest._dollars(run, final_of(alone), None, None)
     assert dollars["spent_usd"] == pytest.approx(SPENT_IN_CHECKPOINT, abs=0.01)
     assert "trainer_state.json" in dollars["source"]
@@ -243,7 +243,7 @@ def test_dollars_come_from_the_ledger_and_a_budget_json_older_than_the_run_is_no
     old = tmp_path / "budget.json"          # a sidecar that died an hour before the run ended, with a higher bill
     old.write_text(json.dumps({"spent_usd": 99.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 9, "projected_total_usd": 99,
                                "last_update_utc": "2020-01-01T00:00:00Z"}))
-    run.tags["budget_source"] = str(old)
+    run.tags["budget_curr_cost_uri"] = str(old)
     dollars, _ = manifest._dollars(run, final_of(built.ckpt), None, None)
     assert dollars["spent_usd"] == ledger["spent_usd"] and dollars["counted_at_utc"] == ledger["spent_at_utc"]
     assert "budget_ledger.json (the budget guard's count at" in dollars["source"]

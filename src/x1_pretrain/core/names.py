@@ -72,3 +72,61 @@ METRICS = frozenset({
     TRAIN_TOKENS_SEEN,
     VAL_LOSS,
 })
+
+
+# MLflow tag names: written by the trainer, read by the report (the same test as the metrics).
+TAG_ATTENTION_EFFECTIVE = "attention_effective"
+TAG_BUDGET_ALERT_USD = "budget_alert_usd"
+TAG_BUDGET_CAP_USD = "budget_cap_usd"
+TAG_BUDGET_CURR_COST_URI = "budget_curr_cost_uri"
+TAG_CHECKPOINT_FAILED = "checkpoint_failed"
+TAG_CHECKPOINT_FAILURES = "checkpoint_failures"
+TAG_COMPILE_FALLBACK = "compile_fallback"
+TAG_COMPILE_MODE_EFFECTIVE = "compile_mode_effective"
+TAG_CONFIG_CHANGED_ON_RESUME = "config_changed_on_resume"
+TAG_CONFIG_FILE = "config_file"
+TAG_DEVICE = "device"
+TAG_DIVERGED_AT_STEP = "diverged_at_step"
+TAG_END_REASON = "end_reason"
+TAG_EXIT_CODE = "exit_code"
+TAG_FINAL_CHECKPOINT = "final_checkpoint"
+TAG_FINAL_SAFETENSORS = "final_safetensors"
+TAG_FINAL_SAFETENSORS_SHA256 = "final_safetensors_sha256"
+TAG_FORCE_LAUNCH = "force_launch"
+TAG_GIT_COMMIT = "git_commit"
+TAG_HOST = "host"
+TAG_KERNELS = "kernels"
+TAG_RESTARTS = "restarts"
+TAG_SPIKE_BATCHES = "spike_batches"
+TAG_SPIKE_INJECTION = "spike_injection"
+TAG_SPIKE_INJECTION_SKIPPED = "spike_injection_skipped"
+TAG_SPIKE_INJECT_AT_STEP = "spike_inject_at_step"
+OLD_TAG_BUDGET_SOURCE = "budget_source"   # TAG_BUDGET_CURR_COST_URI before it was renamed (older runs)
+TAGS = frozenset({
+    TAG_ATTENTION_EFFECTIVE,
+    TAG_BUDGET_ALERT_USD,
+    TAG_BUDGET_CAP_USD,
+    TAG_BUDGET_CURR_COST_URI,
+    TAG_CHECKPOINT_FAILED,
+    TAG_CHECKPOINT_FAILURES,
+    TAG_COMPILE_FALLBACK,
+    TAG_COMPILE_MODE_EFFECTIVE,
+    TAG_CONFIG_CHANGED_ON_RESUME,
+    TAG_CONFIG_FILE,
+    TAG_DEVICE,
+    TAG_DIVERGED_AT_STEP,
+    TAG_END_REASON,
+    TAG_EXIT_CODE,
+    TAG_FINAL_CHECKPOINT,
+    TAG_FINAL_SAFETENSORS,
+    TAG_FINAL_SAFETENSORS_SHA256,
+    TAG_FORCE_LAUNCH,
+    TAG_GIT_COMMIT,
+    TAG_HOST,
+    TAG_KERNELS,
+    TAG_RESTARTS,
+    TAG_SPIKE_BATCHES,
+    TAG_SPIKE_INJECTION,
+    TAG_SPIKE_INJECTION_SKIPPED,
+    TAG_SPIKE_INJECT_AT_STEP,
+})

@@ -47,7 +47,7 @@ class FinalCheckpoint:
 
 def locate_final(run: RunRecord, ckpt_dir: Path | None) -> FinalCheckpoint:
     """Find and verify the run's final checkpoint from its tags (or under ``ckpt_dir`` when it moved)."""
-    step_tag, weights_tag = run.tags.get("final_checkpoint"), run.tags.get("final_safetensors")
+    step_tag, weights_tag = run.tags.get(N.TAG_FINAL_CHECKPOINT), run.tags.get(N.TAG_FINAL_SAFETENSORS)
     if not step_tag or not weights_tag:
         raise X1Error(f"run {run.run_id} has no final checkpoint: its tags final_checkpoint/final_safetensors are "
                       f"not set (status {run.status}; the trainer sets them when it finishes and writes "
@@ -69,7 +69,7 @@ def locate_final(run: RunRecord, ckpt_dir: Path | None) -> FinalCheckpoint:
     if digest != expected:
         raise X1Error(f"{weights} (sha256 {digest[:12]}) is not a copy of {step_dir / ck.MODEL_FILE} "
                       f"(sha256 {str(expected)[:12]}); was the checkpoint dir reused by another run?")
-    tagged = run.tags.get("final_safetensors_sha256")
+    tagged = run.tags.get(N.TAG_FINAL_SAFETENSORS_SHA256)
     if tagged and tagged != digest:
         raise X1Error(f"{weights} (sha256 {digest[:12]}) is not the file run {run.run_id} recorded "
                       f"(final_safetensors_sha256 {tagged[:12]}); it was overwritten by a later run")
@@ -94,7 +94,7 @@ def _mean(points: list[MetricPoint]) -> float | None:
 def _cluster(run: RunRecord, state: dict[str, Any], provider: str | None, instance_type: str | None) -> dict[str, Any]:
     """GPU/CPU/RAM/host. The trainer records the host and device name; the rest is measured here when the
     export runs on the training host (as the lab does, before terminating the instance)."""
-    host, device = run.tags.get("host"), run.tags.get("device") or ""
+    host, device = run.tags.get(N.TAG_HOST), run.tags.get(N.TAG_DEVICE) or ""
     world = int(state.get("world_size") or 1)
     recorded = state.get("machine") if isinstance(state.get("machine"), dict) else None
     if recorded:
@@ -144,11 +144,11 @@ def _dollars(run: RunRecord, final: FinalCheckpoint, spent_usd: float | None,
     never used without a warning, printed and recorded in ``notes``."""
     state = final.state
     snap = ck.guard_snapshot(state)
-    cap = (snap or {}).get("cap_usd") or _finite(run.tags.get("budget_cap_usd"))
+    cap = (snap or {}).get("cap_usd") or _finite(run.tags.get(N.TAG_BUDGET_CAP_USD))
     out: dict[str, Any] = {"spent_usd": None, "cap_usd": cap, "source": None, "notes": []}
     if spent_usd is not None:
         return {**out, "spent_usd": spent_usd, "source": "--spent-usd given to export_run"}, None
-    source = curr_cost_uri or run.tags.get("budget_source")
+    source = curr_cost_uri or run.tags.get(N.TAG_BUDGET_CURR_COST_URI) or run.tags.get(N.OLD_TAG_BUDGET_SOURCE)
     reading = read_source(source) if source else None
     if curr_cost_uri and reading is not None and reading.snapshot is None:
         raise X1Error(f"--budget-curr-cost-uri {curr_cost_uri}: {reading.problem}")
@@ -199,7 +199,7 @@ def _throughput(run: RunRecord, points: list[MetricPoint], state: dict[str, Any]
     fpt = flops.flops_per_token(model)
     tokens, secs = int(state.get("tokens_seen") or 0), _finite(state.get("train_time_s")) or 0.0
     tps = tokens / secs if secs > 0 else None
-    device = run.tags.get("device") or ""
+    device = run.tags.get(N.TAG_DEVICE) or ""
     peak = None if device.startswith("cpu") else flops.peak_tflops(device)
     logged_mfu = _mean(_of(points, N.TRAIN_MFU))
     if peak is None and logged_mfu and tps:  # an unlisted GPU run with --peak-tflops: recover the peak
@@ -247,10 +247,10 @@ def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], rep
     if provider is None:
         provider = budget_provider or ("runpod" if os.environ.get("RUNPOD_POD_ID") else None)
     versions = dict(state.get("versions") or {})
-    versions["x1_pretrain_git_commit"] = run.tags.get("git_commit")
-    config_file = run.tags.get("config_file")
+    versions["x1_pretrain_git_commit"] = run.tags.get(N.TAG_GIT_COMMIT)
+    config_file = run.tags.get(N.TAG_CONFIG_FILE)
     restart_points = _of(points, N.RUN_RESTARTS)
-    restarts = max([int(state.get("restarts") or 0), int(_finite(run.tags.get("restarts")) or 0),
+    restarts = max([int(state.get("restarts") or 0), int(_finite(run.tags.get(N.TAG_RESTARTS)) or 0),
                     *(int(p.value) for p in restart_points)])
     val = _of(points, N.VAL_LOSS)
     elapsed = (run.end_ms - run.start_ms) / 1000 if run.end_ms and run.start_ms else None
@@ -269,17 +269,17 @@ def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], rep
         "config": cfg,
         "compile": {"requested": (cfg.get("train") or {}).get("compile_mode")
                     if (cfg.get("train") or {}).get("compile") else "off",
-                    "effective": run.tags.get("compile_mode_effective"),
+                    "effective": run.tags.get(N.TAG_COMPILE_MODE_EFFECTIVE),
                     "scope": (cfg.get("train") or {}).get("compile_scope", "model"),
-                    "fallback_error": run.tags.get("compile_fallback"),
-                    "attention": run.tags.get("attention_effective"), "kernels": run.tags.get("kernels")},
+                    "fallback_error": run.tags.get(N.TAG_COMPILE_FALLBACK),
+                    "attention": run.tags.get(N.TAG_ATTENTION_EFFECTIVE), "kernels": run.tags.get(N.TAG_KERNELS)},
         "cluster": _cluster(run, state, provider, instance_type),
         "dollars": dollars,
         "progress": {"steps": state.get("step"), "total_steps": (cfg.get("train") or {}).get("total_steps"),
                      "budget_fit": bool((cfg.get("budget") or {}).get("fit")),
                      "planned_end_step": (state.get("schedule") or {}).get("end_step"),
                      "decay_start_step": (state.get("schedule") or {}).get("decay_start"),
-                     "end_reason": run.tags.get("end_reason"),
+                     "end_reason": run.tags.get(N.TAG_END_REASON),
                      "tokens": state.get("tokens_seen"), "train_time_s": state.get("train_time_s"),
                      "wall_clock_s": state.get("wall_clock_s"), "elapsed_s": elapsed, "restarts": restarts,
                      "restart_steps": [p.step for p in restart_points]},

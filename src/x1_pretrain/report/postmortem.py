@@ -140,8 +140,8 @@ def render(run: runs.RunRecord, spike: Spike, a: Analysis, points: list[runs.Met
         f"{spike.source}.",
     ]
     if spike.kind == "injected":
-        lines.append(f"- Injected with `--inject-spike-at-step {run.tags.get('spike_inject_at_step', spike.first)} "
-                     f"--spike-batches {run.tags.get('spike_batches', len(spike.steps))}`: rare-token batches "
+        lines.append(f"- Injected with `--inject-spike-at-step {run.tags.get(N.TAG_SPIKE_INJECT_AT_STEP, spike.first)} "
+                     f"--spike-batches {run.tags.get(N.TAG_SPIKE_BATCHES, len(spike.steps))}`: rare-token batches "
                      "(the bottom 1% of the train split's unigram distribution, weighted towards the rarest).")
     rec = (f"step {a.recovered_at}, {a.recovered_at - spike.last} steps after the last spike step "
            f"({a.recovered_at - spike.first} after the first)" if a.recovered_at is not None

@@ -53,10 +53,11 @@ class BudgetSetup:
     force_launch: bool = False
 
     def tags(self) -> dict[str, Any]:
-        tags: dict[str, Any] = {"budget_cap_usd": self.limits.cap_usd, "budget_alert_usd": self.limits.alert_usd,
-                                "budget_source": redact.url(self.curr_cost_uri)}
+        tags: dict[str, Any] = {N.TAG_BUDGET_CAP_USD: self.limits.cap_usd,
+                                N.TAG_BUDGET_ALERT_USD: self.limits.alert_usd,
+                                N.TAG_BUDGET_CURR_COST_URI: redact.url(self.curr_cost_uri)}
         if self.force_launch:
-            tags["force_launch"] = "true"
+            tags[N.TAG_FORCE_LAUNCH] = "true"
         return tags
 
 

@@ -146,8 +146,8 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
 def kernel_tags(model: Transformer) -> dict[str, str]:
     """What the forward actually runs, for MLflow and the manifest (a switch can be overridden by the device)."""
     k, m = model.kernels, model.config
-    return {"attention_effective": "flash-attn" if k.use_flash else "sdpa",
-            "kernels": f"fused_loss={k.fused_loss} (chunk {k.loss_chunk_tokens}), vocab rows "
+    return {N.TAG_ATTENTION_EFFECTIVE: "flash-attn" if k.use_flash else "sdpa",
+            N.TAG_KERNELS: f"fused_loss={k.fused_loss} (chunk {k.loss_chunk_tokens}), vocab rows "
                        f"{model.lm_head.weight.shape[0]} for {m.vocab_size}, fused_projections={m.fused_projections}, "
                        f"residual={'bf16' if k.residual_dtype is not None else 'fp32'}, "
                        f"deterministic={k.deterministic}"}
@@ -178,12 +178,12 @@ def _tracker(ctx: Context, uri: str, artifact_location: str | None, resume: Resu
         cfg_file.write_text(f"# sha256 {cfg.sha256()}\n" + C.to_yaml(cfg))
         tracker.log_artifact(cfg_file, "config")
         cfg_file.unlink(missing_ok=True)
-    tags: dict[str, Any] = {**run_tags(run_tags_device(ctx.device)), "config_file": str(opts.config),
-                            "restarts": restarts()}
+    tags: dict[str, Any] = {**run_tags(run_tags_device(ctx.device)), N.TAG_CONFIG_FILE: str(opts.config),
+                            N.TAG_RESTARTS: restarts()}
     if ctx.guard is not None:
         tags.update(ctx.guard.tags())
     if resume.changes:
-        tags["config_changed_on_resume"] = "; ".join(resume.changes)[:4000]
+        tags[N.TAG_CONFIG_CHANGED_ON_RESUME] = "; ".join(resume.changes)[:4000]
     tracker.set_tags(tags)
     if resume.found is not None:
         tracker.log_metrics(resume.found.step, {N.RUN_RESTARTS: float(restarts())})
@@ -208,9 +208,9 @@ def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> Spik
         ids, probs = rare_token_distribution(counts, data.meta.get("eot_id"))
         injector = SpikeInjector(SpikeSchedule(sp.inject_at_step, sp.batches), ids, probs, cfg.train.seed)
         last = sp.inject_at_step + sp.batches - 1
-        tracker.set_tags({"spike_injection": f"steps {sp.inject_at_step}..{last} "
+        tracker.set_tags({N.TAG_SPIKE_INJECTION: f"steps {sp.inject_at_step}..{last} "
                           f"(--inject-spike-at-step {sp.inject_at_step} --spike-batches {sp.batches})",
-                          "spike_inject_at_step": sp.inject_at_step, "spike_batches": sp.batches})
+                          N.TAG_SPIKE_INJECT_AT_STEP: sp.inject_at_step, N.TAG_SPIKE_BATCHES: sp.batches})
         log(f"spike injection planned: steps {sp.inject_at_step}..{last} on rare-token batches "
             f"({len(ids)} rarest token types of the train split)")
     sc = cfg.spike
@@ -281,8 +281,8 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
 
     def on_failed(step: int, reason: str, what: str, first: bool) -> None:
         latest = ck.read_latest(ctx.ckpt_dir)
-        tracker.set_tags({"checkpoint_failed": f"{ck.step_dir_name(step)} ({reason}): {what}"[:4000],
-                          "checkpoint_failures": checkpointer.failures})
+        tracker.set_tags({N.TAG_CHECKPOINT_FAILED: f"{ck.step_dir_name(step)} ({reason}): {what}"[:4000],
+                          N.TAG_CHECKPOINT_FAILURES: checkpointer.failures})
         tracker.log_metrics(step, {N.CHECKPOINT_FAILED: 1.0})
         if alert is not None and first:   # one alert per episode; the next is when writes succeed again
             alert(f"x1 checkpoint {ck.step_dir_name(step)} FAILED in {ctx.ckpt_dir}",
@@ -317,9 +317,9 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
 
 def tag_final(tracker: Any, ckpt_dir: Path, step_dir: Path, hashes: dict[str, str]) -> None:
     """Record in MLflow which files are the run's final weights (export_run and dod check them)."""
-    tracker.set_tags({"final_checkpoint": str(step_dir.resolve()),
-                      "final_safetensors": str((ckpt_dir / ck.FINAL_MODEL).resolve()),
-                      "final_safetensors_sha256": hashes[ck.FINAL_MODEL]})
+    tracker.set_tags({N.TAG_FINAL_CHECKPOINT: str(step_dir.resolve()),
+                      N.TAG_FINAL_SAFETENSORS: str((ckpt_dir / ck.FINAL_MODEL).resolve()),
+                      N.TAG_FINAL_SAFETENSORS_SHA256: hashes[ck.FINAL_MODEL]})
 
 
 def _fit_context(ctx: Context, resume: Resume) -> FitContext | None:
@@ -353,7 +353,7 @@ def _val_batches(ctx: Context, data: TokenData) -> list[Any]:
 
 def _compile_fallback_report(ctx: Context, tracker: Any, alert: Any) -> Any:
     def report(error: str) -> None:
-        tracker.set_tags({"compile_fallback": error[:4000], "compile_mode_effective": "eager (fallback)"})
+        tracker.set_tags({N.TAG_COMPILE_FALLBACK: error[:4000], N.TAG_COMPILE_MODE_EFFECTIVE: "eager (fallback)"})
         if alert is not None:
             alert(f"x1 torch.compile failed in {ctx.ckpt_dir}: training continues eagerly",
                   f"torch.compile raised {error}. The run goes on without compilation (slower, and every hour "
@@ -383,7 +383,7 @@ def build_run(ctx: Context) -> Built:
         f"{data.val.size:,} val tokens ({sum(len(x) for x, _ in val_batches)} fixed eval windows); "
         f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")
     tracker = _tracker(ctx, uri, artifact_location, resume, data)
-    tracker.set_tags({"compile_mode_effective": mode, **kernel_tags(model)})
+    tracker.set_tags({N.TAG_COMPILE_MODE_EFFECTIVE: mode, **kernel_tags(model)})
     spike_watch = _spikes(ctx, data, tracker, resume)
     control = BudgetControl(ctx.guard, ctx.ckpt_dir, log, tracker.log_metrics, ck.guard_snapshot(resume.state),
                             _fit_context(ctx, resume)) if ctx.guard is not None else None

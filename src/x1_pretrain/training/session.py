@@ -20,6 +20,7 @@ from ..budget.guard import STALE_AFTER_INTERVALS, Limits
 from ..budget.money import Lines
 from ..budget.source import read_source
 from ..core import config as C
+from ..core import names as N
 from ..core.config import BudgetConfig
 from ..core.errors import (
     EXIT_ABORTED,
@@ -128,7 +129,7 @@ def end_at_last_checkpoint(ckpt_dir: Path, mlflow_uri: str | None, why: str, log
         uri, _ = resolve_uri(mlflow_uri, ckpt_dir)
         tracker = MlflowTracker(uri, None, "", run_id=str(run_id), experiment=experiment or EXPERIMENT)
         tag_final(tracker, ckpt_dir, found.path, hashes)
-        tracker.set_tags({"end_reason": why[:4000], "exit_code": exit_code})
+        tracker.set_tags({N.TAG_END_REASON: why[:4000], N.TAG_EXIT_CODE: exit_code})
         tracker.close("FINISHED", timeout_s=20.0, spill_dir=ckpt_dir)
     except (OSError, ValueError) as e:
         print(f"warning: the final files could not be written from {found.path} ({e}); export_run --ckpt-dir "
@@ -292,7 +293,7 @@ def run_training(ctx: Context, cap_set: bool) -> int:
         outcome = train_loop(built.run, built.state)
         # A budget stop with a checkpoint is a planned end of the run (and what export_run exports).
         status = "FINISHED" if outcome.exit_code in (0, EXIT_BUDGET_CHECKPOINT) else "KILLED"
-        built.tracker.set_tags({"end_reason": outcome.reason[:4000], "exit_code": outcome.exit_code})
+        built.tracker.set_tags({N.TAG_END_REASON: outcome.reason[:4000], N.TAG_EXIT_CODE: outcome.exit_code})
         ctx.log(f"{outcome.reason} at step {outcome.step}: exit {outcome.exit_code}")
         if built.guard is not None and outcome.exit_code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
             last = built.guard.monitor.last
@@ -301,7 +302,7 @@ def run_training(ctx: Context, cap_set: bool) -> int:
             built.guard.alert_stop(outcome.exit_code, outcome.reason, last.spent_usd if last else None, written)
         return outcome.exit_code
     except Diverged as e:
-        built.tracker.set_tags({"diverged_at_step": e.step})
+        built.tracker.set_tags({N.TAG_DIVERGED_AT_STEP: e.step})
         print(f"error: {e}. No checkpoint was written from these weights. Check the data for out-of-range ids "
               "and that fp32 master weights are on (train.precision bf16 keeps them); lower optim.lr if it "
               "persists.", file=sys.stderr)
@@ -323,7 +324,7 @@ def _checkpoint_failed(ctx: Context, built: Built, e: CheckpointFailed) -> int:
     msg = (f"{e}. Exit {EXIT_CHECKPOINT_FAILED}: the watchdog relaunches from the last complete checkpoint "
            f"({latest or 'none yet'}) once the disk of {ctx.ckpt_dir} has room")
     print(f"error: {msg}", file=sys.stderr, flush=True)
-    built.tracker.set_tags({"end_reason": msg[:4000], "exit_code": EXIT_CHECKPOINT_FAILED})
+    built.tracker.set_tags({N.TAG_END_REASON: msg[:4000], N.TAG_EXIT_CODE: EXIT_CHECKPOINT_FAILED})
     return EXIT_CHECKPOINT_FAILED
 
 

@@ -277,7 +277,7 @@ class SpikeWatch(Callback):
         inj.cancelled = f"natural loss spike at step {step} before step {inj.schedule.at_step}"
         self._log(f"spike injection skipped: a natural loss spike came first (step {step}, after the warm-up); "
                   "write its post-mortem instead (--force-inject injects anyway)")
-        self._tags({"spike_injection_skipped": inj.cancelled})
+        self._tags({N.TAG_SPIKE_INJECTION_SKIPPED: inj.cancelled})
 
     def _start_dense(self, step: int) -> None:
         for s, m in self._ring:  # the steps just before, which --log-every may have skipped

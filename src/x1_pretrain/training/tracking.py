@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core import names as N
 from ..core import redact
 from ..core.names import EXPERIMENT, default_mlflow_uri
 
@@ -346,11 +347,11 @@ class MlflowTracker:
 
 
 def run_tags(device_name: str) -> dict[str, str]:
-    tags = {"host": socket.gethostname(), "device": device_name}
+    tags = {N.TAG_HOST: socket.gethostname(), N.TAG_DEVICE: device_name}
     commit = git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit.removesuffix("-dirty")
-        tags["git_commit"] = commit
+        tags[N.TAG_GIT_COMMIT] = commit
     return tags
 
 
