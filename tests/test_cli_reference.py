@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "cli-reference.md"
 COMMANDS = ["tokenizer", "tokenize_data", "plan", "budget_sidecar", "train", "watchdog", "alerts", "export_run",
-            "postmortem", "dod", "export_hf", "sample"]
+            "postmortem", "dod", "export_hf", "sample", "evaluate"]
 SUBCOMMANDS = {"tokenizer": ["fetch", "show"], "alerts": ["test"]}
 
 

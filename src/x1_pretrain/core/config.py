@@ -107,6 +107,10 @@ class TrainConfig:
     bf16_residual: bool = False      # under bf16: the residual stream (and its gradient) in bf16, as llm.c
     compile_scope: Literal["model", "blocks"] = "model"  # one graph for the model, or each block fullgraph
     deterministic: bool = False      # deterministic kernels (flash-attn backward, cuBLAS): bitwise GPU resume
+    eval_tasks: str = ""             # task scores during training: e.g. "hellaswag,arc_easy" (docs/evaluation.md)
+    eval_tasks_every: int = 0        # ... every this many steps (0: only when the run ends)
+    eval_tasks_limit: int | None = None  # ... on the first N items of each task (None: all)
+    eval_tasks_max_s: float = 300.0  # ... in at most this many seconds each time (the rest is skipped, said)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,6 +348,10 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
         p.append(f"train.min_tokens_per_s_window_min: must be >= 0, got {t.min_tokens_per_s_window_min}")
     if t.min_tokens_per_s is not None and t.min_tokens_per_s <= 0:
         p.append(f"train.min_tokens_per_s: must be positive when set, got {t.min_tokens_per_s}")
+    if t.eval_tasks_every < 0 or t.eval_tasks_max_s <= 0 or (t.eval_tasks_limit is not None and t.eval_tasks_limit < 1):
+        p.append(f"train.eval_tasks_every must be >= 0 (0: at the end only), train.eval_tasks_max_s positive and "
+                 f"train.eval_tasks_limit at least 1 when set; got {t.eval_tasks_every}, {t.eval_tasks_max_s}, "
+                 f"{t.eval_tasks_limit}")
     if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):
         p.append(f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
     return p + _budget_problems(cfg.budget, o)
@@ -474,7 +482,8 @@ OPERATIONAL_KEYS = frozenset({
     "spike.grad_window",
     # how the same computation runs: the state fits either way (a change is logged; bitwise resume needs none)
     "train.fused_loss", "train.loss_chunk_tokens", "train.bf16_residual", "train.compile_scope",
-    "train.deterministic",
+    "train.deterministic", "train.eval_tasks", "train.eval_tasks_every", "train.eval_tasks_limit",
+    "train.eval_tasks_max_s",
     # money: the cap, its lines and cadences may change between restarts (budget.fit changes the schedule: not here)
     *(f"budget.{f.name}" for f in dataclasses.fields(BudgetConfig) if f.name != "fit"),
 })

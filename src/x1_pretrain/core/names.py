@@ -74,6 +74,14 @@ METRICS = frozenset({
 })
 
 
+EVAL_TASK_PREFIX = "eval/"   # eval/<task>/acc and eval/<task>/acc_norm: the in-loop task scores
+
+
+def eval_task_metric(task: str, metric: str) -> str:
+    """The metric name of a task score: ``eval/hellaswag/acc_norm``."""
+    return f"{EVAL_TASK_PREFIX}{task}/{metric}"
+
+
 # MLflow tag names: written by the trainer, read by the report (the same test as the metrics).
 TAG_ATTENTION_EFFECTIVE = "attention_effective"
 TAG_BUDGET_ALERT_USD = "budget_alert_usd"
@@ -88,6 +96,7 @@ TAG_CONFIG_FILE = "config_file"
 TAG_DEVICE = "device"
 TAG_DIVERGED_AT_STEP = "diverged_at_step"
 TAG_END_REASON = "end_reason"
+TAG_EVAL_TASKS_FAILED = "eval_tasks_failed"
 TAG_EXIT_CODE = "exit_code"
 TAG_FINAL_CHECKPOINT = "final_checkpoint"
 TAG_FINAL_SAFETENSORS = "final_safetensors"
@@ -116,6 +125,7 @@ TAGS = frozenset({
     TAG_DEVICE,
     TAG_DIVERGED_AT_STEP,
     TAG_END_REASON,
+    TAG_EVAL_TASKS_FAILED,
     TAG_EXIT_CODE,
     TAG_FINAL_CHECKPOINT,
     TAG_FINAL_SAFETENSORS,

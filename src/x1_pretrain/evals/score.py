@@ -49,8 +49,9 @@ class Scorer:
     """Summed log-likelihoods of continuations under ``model`` (an x1 Transformer, eval mode)."""
 
     def __init__(self, model: Any, encode: Callable[[str], list[int]], batch_size: int = 32,
-                 bf16: bool = False) -> None:
+                 bf16: bool = False, check: Callable[[], None] | None = None) -> None:
         self.model, self.encode, self.batch_size, self.bf16 = model, encode, max(1, batch_size), bf16
+        self.check = check    # called before each batch; may raise to end the scoring (a deadline, a stop)
         self.seq_len = int(model.config.seq_len)
         self.vocab = int(model.config.vocab_size)
 
@@ -68,6 +69,8 @@ class Scorer:
         out = [0.0] * len(requests)
         rows.sort(key=lambda r: -len(r[1]))
         for start in range(0, len(rows), self.batch_size):
+            if self.check is not None:
+                self.check()
             for i, value in self._batch(rows[start:start + self.batch_size]):
                 out[i] = value
         return out, truncated

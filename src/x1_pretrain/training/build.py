@@ -344,6 +344,24 @@ def _horizon(cfg: C.Config, resume: Resume) -> Horizon:
     return planned(cfg.train.total_steps, cfg.optim)
 
 
+def _task_eval(ctx: Context, alert: Callable[[str, str], None] | None) -> list[Any]:
+    """The in-loop task scores (rank 0), their sets located (fetched on first use) before the first step: a
+    missing set is a usage error now, not a failure hours in."""
+    names = [n.strip() for n in ctx.cfg.train.eval_tasks.split(",") if n.strip()]
+    if not names or not ctx.world.main:
+        return []
+    from ..data.tokenizer import load_gpt2
+    from ..evals.run import load_items
+    from .task_eval import TaskEval
+
+    items, _ = load_items(names, ctx.cfg.train.eval_tasks_limit)
+    every = ctx.cfg.train.eval_tasks_every
+    ctx.log(f"task eval: {', '.join(names)} ({sum(len(v) for v in items.values()):,} items) "
+            + (f"every {every} steps and " if every else "") + "when the run ends, within "
+            f"{ctx.cfg.train.eval_tasks_max_s:g} s each time")
+    return [TaskEval(items, load_gpt2().encode, ctx.log, alert)]
+
+
 def _val_batches(ctx: Context, data: TokenData) -> list[Any]:
     cfg = ctx.cfg
     starts = val_starts(data.val.size, cfg.model.seq_len, cfg.train.eval_batches * cfg.train.micro_batch_size)
@@ -394,7 +412,7 @@ def build_run(ctx: Context) -> Built:
     if fallback is not None:
         fallback.on_fallback = _compile_fallback_report(ctx, tracker, alert)
     checkpointer = _checkpointer(ctx, tracker, trainer_state, resume, alert)
-    callbacks = loop_callbacks()
+    callbacks = loop_callbacks() + _task_eval(ctx, alert)
     if checkpointer is not None:
         callbacks.append(ProgressFile(ctx.ckpt_dir, ctx.started_unix, checkpointer))
     callbacks.append(spike_watch)
