@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .core.errors import EXIT_USAGE, X1Error
-from .report.dod import EXIT_FAILED, run_checks, table
+from .report.dod import EXIT_FAILED, load_manifest, notes, run_checks, table
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,15 +48,16 @@ def main(argv: list[str] | None = None) -> int:
         if lo > hi:
             raise X1Error(f"--val-band {lo} {hi}: LOW must not exceed HIGH")
         checks = run_checks(args.run_dir, (lo, hi), args.budget_cap_usd, args.termination_proof)
+        extra = notes(load_manifest(args.run_dir)[0], (lo, hi))
     except X1Error as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     ok = all(c.passed for c in checks)
     if args.json:
         print(json.dumps({"run_dir": str(args.run_dir.resolve()), "passed": ok,
-                          "checks": [asdict(c) for c in checks]}, indent=1))
+                          "checks": [asdict(c) for c in checks], "notes": extra}, indent=1))
     else:
-        print(table(checks, args.run_dir))
+        print("\n".join([table(checks, args.run_dir), *(f"note: {n}" for n in extra)]))
     return 0 if ok else EXIT_FAILED
 
 

@@ -160,3 +160,20 @@ def test_usage_mistakes_exit_2(tmp_path, capsys):
     assert "is not a directory" in capsys.readouterr().err
     assert dod_cli.main(["--run-dir", str(tmp_path), "--val-band", "3.5", "3.2"]) == EXIT_USAGE
     assert "LOW must not exceed HIGH" in capsys.readouterr().err
+
+
+def test_notes_give_the_task_scores_and_what_the_band_means_for_the_tokens_trained():
+    from x1_pretrain.report.dod import notes
+
+    m = {"evals": {"tasks": {"hellaswag": {"acc": 0.2931, "acc_norm": 0.3104, "n": 10042, "step": 33766},
+                             "winogrande": {"acc": 0.51, "acc_norm": None, "n": 1267, "step": 33766}}},
+         "progress": {"tokens": 33766 * 524288}, "parameters": {"non_embedding": 50_331_648}}
+    scores, band = notes(m, (3.20, 3.50))
+    assert "hellaswag acc 0.2931, acc_norm 0.3104 (n=10042, step 33766)" in scores
+    assert "winogrande acc 0.5100 (n=1267, step 33766)" in scores and "not a check" in scores
+    # 17.70B tokens: the fit predicts 3.20 (ERRATA 5: 3.10 at the lab's 44B tokens)
+    assert "this run trained 17.70B tokens, for which plan predicts 3.22" in band and "inside the band" in band
+    assert "(44.0B tokens; plan predicts 3.10 there)" in band
+    assert notes({"progress": {"tokens": 1e6}, "parameters": {"non_embedding": 1e5}}, (3.2, 3.5))[0].endswith(
+        "not a fault of the run")
+    assert notes(None, (3.2, 3.5)) == []

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..budget.planner import chinchilla_loss
+
 EXIT_FAILED = 1
 POSTMORTEM = "spike-postmortem.md"
 PROOF_SUFFIXES = {".png": b"\x89PNG\r\n\x1a\n", ".jpg": b"\xff\xd8\xff", ".jpeg": b"\xff\xd8\xff", ".pdf": b"%PDF"}
@@ -207,3 +209,37 @@ def table(checks: list[Check], run_dir: Path) -> str:
     n = sum(c.passed for c in checks)
     lines.append(f"{n}/{len(checks)} checks pass" + ("" if n == len(checks) else ": not done"))
     return "\n".join(lines)
+
+
+def _tokens(n: float) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
+LAB_TOKENS = 84_000 * 524_288   # what the lab's band was written for: 84,000 steps of 512 x 1024 tokens
+
+
+def notes(m: dict[str, Any] | None, band: tuple[float, float]) -> list[str]:
+    """Beside the six checks, for information: the run's task scores, and the val loss Hoffmann et al.'s fit
+    (plan's prediction) gives for the tokens this run trained, against the band written for the lab's 84,000
+    steps (ERRATA: they do not fit the cap)."""
+    out: list[str] = []
+    evals = _get(m, "evals.tasks")
+    if isinstance(evals, dict) and evals:
+        parts = []
+        for task, e in evals.items():
+            norm = f", acc_norm {e['acc_norm']:.4f}" if isinstance(e.get("acc_norm"), (int, float)) else ""
+            parts.append(f"{task} acc {e.get('acc', float('nan')):.4f}{norm} (n={e.get('n')}, step {e.get('step')})")
+        out.append("task scores (information, not a check; zero-shot, lm-evaluation-harness protocol): "
+                   + "; ".join(parts))
+    tokens, n_params = _get(m, "progress.tokens"), _get(m, "parameters.non_embedding")
+    if isinstance(tokens, (int, float)) and tokens > 0 and isinstance(n_params, (int, float)) and n_params > 0:
+        lo, hi = band
+        predicted, lab = chinchilla_loss(n_params, tokens), chinchilla_loss(n_params, LAB_TOKENS)
+        where = "inside" if lo <= predicted <= hi else ("above" if predicted > hi else "below")
+        out.append(f"the band [{lo:.2f}, {hi:.2f}] was written for the lab's 84,000 steps ({LAB_TOKENS / 1e9:.1f}B "
+                   f"tokens; plan predicts {lab:.2f} there); this run trained {_tokens(tokens)} tokens, for which "
+                   f"plan predicts {predicted:.2f} (Hoffmann et al.'s fit, N = {n_params / 1e6:.1f}M non-embedding "
+                   f"parameters): {where} the band"
+                   + ("" if where == "inside" else ", so a val loss outside it may be what these tokens buy, not "
+                      "a fault of the run"))
+    return out

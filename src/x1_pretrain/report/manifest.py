@@ -27,6 +27,7 @@ from ..core import redact
 from ..core.config import ModelConfig, upgrade
 from ..core.errors import X1Error
 from ..core.fileio import sha256_file
+from ..evals.sets import SETS
 from ..model import flops
 from ..training import checkpoint as ck
 from .runs import MetricPoint, RunRecord
@@ -231,6 +232,31 @@ class Facts:
     instance_type: str | None = None
 
 
+def _evals(points: list[MetricPoint], cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The task scores of the run's latest evaluation (``eval/<task>/acc(_norm)``), with the protocol: the tasks,
+    the items scored (``train.eval_tasks_limit``) and each set's sha256. None when the run scored no task."""
+    latest: dict[str, dict[str, Any]] = {}
+    for p in sorted(points, key=lambda p: p.step):
+        if not p.name.startswith(N.EVAL_TASK_PREFIX) or p.name.count("/") != 2:
+            continue
+        _, task, metric = p.name.split("/")
+        entry = latest.setdefault(task, {})
+        if p.step >= entry.get("step", -1):
+            if p.step > entry.get("step", -1):
+                entry.clear()
+            entry.update({"step": p.step, metric: p.value})
+    if not latest:
+        return None
+    limit = (cfg.get("train") or {}).get("eval_tasks_limit")
+    for task, entry in latest.items():
+        known = SETS.get(task)
+        entry.setdefault("acc_norm", None)
+        entry["n"] = min(limit, known.items) if known and limit else (known.items if known else None)
+        entry["data_sha256"] = known.sha256 if known else None
+    return {"tasks": latest, "limit": limit,
+            "protocol": "zero-shot, lm-evaluation-harness 0.4 prompts and normalisation (docs/evaluation.md)"}
+
+
 def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], replayed: int,
           facts: Facts = Facts()) -> dict[str, Any]:
     spent_usd, curr_cost_uri, provider, instance_type = facts.spent_usd, facts.curr_cost_uri, facts.provider, \
@@ -287,6 +313,7 @@ def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], rep
                  "final_val_step": val[-1].step if val else None,
                  "min_val": min((p.value for p in val), default=None)},
         "throughput": _throughput(run, points, state, model, world),
+        "evals": _evals(points, cfg),
         "parameters": dataclasses.asdict(flops.param_counts(model)),
         "final_weights": {"file": BUNDLE_MODEL, "sha256": final.sha256, "source_checkpoint": final.step_dir.name,
                           "source_path": str(final.step_dir.resolve()),
