@@ -3,7 +3,8 @@
 1. write CPython's pydoc topics as a parquet shard (real English prose every Python install carries) and
    tokenize it with the lab's command;
 2. act 1: train the tiny config under the watchdog with a spot preemption half-way and an injected loss
-   spike, export the bundle, draft the post-mortem and print the Definition-of-Done table;
+   spike and task scores at the end, score the final weights again with evaluate, export the bundle, draft
+   the post-mortem and print the Definition-of-Done table;
 3. act 2: the budget runs short half-way: a WSD run with --budget-fit anneals and finishes inside the
    cap, and the DoD table reads its spend.
 

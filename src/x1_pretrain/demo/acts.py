@@ -25,6 +25,9 @@ from .billing import StepBilling
 PY = sys.executable
 
 
+TASKS = "hellaswag,arc_easy,arc_challenge,piqa,winogrande"
+
+
 def run(cmd: list[str]) -> int:
     print("\n$ " + " ".join(cmd), flush=True)
     return subprocess.call(cmd)
@@ -69,13 +72,18 @@ def bundle_and_dod(run_dir: Path, export_extra: list[str], postmortem: bool, dod
 
 def act_preemption_and_spike(config: Path, data: Path, run_dir: Path, total_steps: int) -> int:
     print("\n[demo] act 1: a preempted run with an injected loss spike", flush=True)
-    train = train_cmd(config, data, run_dir, total_steps, "--inject-spike-at-step", str(total_steps * 3 // 4))
+    train = train_cmd(config, data, run_dir, total_steps, "--inject-spike-at-step", str(total_steps * 3 // 4),
+                      "--eval-tasks", TASKS, "--eval-tasks-limit", "100")
     code = under_the_watchdog(train, run_dir / "checkpoints", preempt_at=total_steps // 2)
     if code != 0:
         return code
     print(f"\n[demo] act 1 trained. Look at the run with:\n  MLFLOW_ALLOW_FILE_STORE=true .venv/bin/mlflow ui "
           f"--backend-store-uri {(run_dir / 'mlruns').as_uri()}   (needs the UI extra: .venv/bin/pip install -e "
           "'.[ui]')")
+    run([PY, "-m", "x1_pretrain.evaluate", "--checkpoint", str(run_dir / "checkpoints"), "--tasks", TASKS,
+         "--limit", "200", "--output", str(run_dir / "task-scores.json")])
+    print("[demo] task scores of the tiny model: near chance, as they should be after a few minutes on a CPU "
+          "(for scale: GPT-2 124M scores about 0.29 HellaSwag acc_norm)", flush=True)
     dod = bundle_and_dod(run_dir, ["--spent-usd", "0", "--provider", "local"], postmortem=True)
     print(f"\n[demo] act 1 bundle: {run_dir / 'run-bundle'}. DoD exit {dod}: on a CPU demo the val-loss band (a 24 h "
           "A100 run's 3.20-3.50) and the termination screenshot (of a cloud instance) are expected to FAIL; the "
