@@ -1,15 +1,17 @@
-"""A billing simulation for the demo and the fit-to-budget benchmark, written to budget.json as the real
-sidecar writes it. The price is set per step (``per_step(step)`` dollars a step at the current step) and
-billed by the clock, as a cloud bills: the hourly rate is that price at the speed the simulation measures,
-so a step costs about ``per_step`` on any machine, and time without steps (start-up, evals, checkpoints)
-costs what it costs in a real run. ``free_start_up=True`` starts the clock only at the trainer's first step
-(tests use it so that a loaded machine's slow imports do not change how many steps the money buys)."""
+"""A billing simulation for the demo and the fit-to-budget benchmark, written to budget.json as the real sidecar writes
+it. The price is set per step (``per_step(step)`` dollars a step at the current step) and billed by the clock, as a
+cloud bills: the hourly rate is that price at the speed the simulation measures over the last few steps (re-measured
+at every step, so a machine that slows down under load is not billed ten steps' price for one), so a step costs
+about ``per_step`` on any machine, and time without steps (start-up, evals, checkpoints) costs what it costs in a
+real run. ``free_start_up=True`` starts the clock only at the trainer's first step (tests use it so that a loaded
+machine's slow imports do not change how many steps the money buys)."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,12 +20,14 @@ from ..training.checkpoint import read_progress
 
 
 class StepBilling:
+    WINDOW = 5   # steps the speed is measured over
+
     def __init__(self, budget: Path, ckpt: Path, per_step: Callable[[int], float], spent: float = 0.0,
                  step: int = 0, step_s: float = 0.2, free_start_up: bool = False) -> None:
         self.budget, self.ckpt, self.per_step = budget, ckpt, per_step
         self._billing = not free_start_up      # False until the first step lands
         self.spent, self.step = spent, step
-        self._mark = (time.monotonic(), step)
+        self._marks: deque[tuple[float, int]] = deque(maxlen=self.WINDOW + 1)   # (time, step) of recent steps
         self.step_s = step_s                   # the speed assumed until it is measured
         self._stop = threading.Event()
         self._write()
@@ -49,11 +53,11 @@ class StepBilling:
             last = now
             step = int((read_progress(self.ckpt) or {}).get("step") or 0)
             if step > self.step:
-                if not self._billing:
-                    self._billing, self._mark = True, (now, step)
-                t0, s0 = self._mark
-                if step - s0 >= 5:
-                    self.step_s, self._mark = (now - t0) / (step - s0), (now, step)
+                self._billing = True
+                self._marks.append((now, step))
+                t0, s0 = self._marks[0]
+                if step > s0:
+                    self.step_s = (now - t0) / (step - s0)
                 self.step = step
             self._write()
             time.sleep(0.02)
