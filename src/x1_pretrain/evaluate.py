@@ -22,7 +22,7 @@ from typing import Any
 from .core.cli import guarded
 from .core.errors import X1Error
 from .core.fileio import write_text_atomic
-from .evals.sets import SETS, cache_dir, check_tasks, fetch_into
+from .evals.sets import SETS, cache_dir, fetch_into, task_list
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from .model.generate import pick_device
     from .report.ckpt_source import load_model, resolve
 
-    tasks = check_tasks([t.strip() for t in args.tasks.split(",") if t.strip()])
+    tasks = task_list(args.tasks)
     if args.limit is not None and args.limit < 1:
         raise X1Error(f"--limit {args.limit}: must be at least 1")
     if args.batch_size < 1:

@@ -62,6 +62,11 @@ def check_tasks(names: list[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def task_list(text: str) -> list[str]:
+    """``"hellaswag, arc_easy"`` (a flag or a config value) as checked task names."""
+    return check_tasks([t.strip() for t in text.split(",") if t.strip()])
+
+
 def _checked(path: Path, s: EvalSet) -> Path:
     digest = sha256_file(path)
     if digest != s.sha256:

@@ -235,24 +235,20 @@ class Facts:
 def _evals(points: list[MetricPoint], cfg: dict[str, Any]) -> dict[str, Any] | None:
     """The task scores of the run's latest evaluation (``eval/<task>/acc(_norm)``), with the protocol: the tasks,
     the items scored (``train.eval_tasks_limit``) and each set's sha256. None when the run scored no task."""
-    latest: dict[str, dict[str, Any]] = {}
-    for p in sorted(points, key=lambda p: p.step):
-        if not p.name.startswith(N.EVAL_TASK_PREFIX) or p.name.count("/") != 2:
-            continue
-        _, task, metric = p.name.split("/")
-        entry = latest.setdefault(task, {})
-        if p.step >= entry.get("step", -1):
-            if p.step > entry.get("step", -1):
-                entry.clear()
-            entry.update({"step": p.step, metric: p.value})
-    if not latest:
+    by_task: dict[str, list[MetricPoint]] = {}
+    for p in points:
+        if p.name.startswith(N.EVAL_TASK_PREFIX) and p.name.count("/") == 2:
+            by_task.setdefault(p.name.split("/")[1], []).append(p)
+    if not by_task:
         return None
     limit = (cfg.get("train") or {}).get("eval_tasks_limit")
-    for task, entry in latest.items():
-        known = SETS.get(task)
-        entry.setdefault("acc_norm", None)
-        entry["n"] = min(limit, known.items) if known and limit else (known.items if known else None)
-        entry["data_sha256"] = known.sha256 if known else None
+    latest: dict[str, dict[str, Any]] = {}
+    for task, ps in by_task.items():
+        step, known = max(p.step for p in ps), SETS.get(task)
+        latest[task] = {"step": step, "acc_norm": None,
+                        **{p.name.split("/")[2]: p.value for p in ps if p.step == step},
+                        "n": min(limit, known.items) if known and limit else (known.items if known else None),
+                        "data_sha256": known.sha256 if known else None}
     return {"tasks": latest, "limit": limit,
             "protocol": "zero-shot, lm-evaluation-harness 0.4 prompts and normalisation (docs/evaluation.md)"}
 

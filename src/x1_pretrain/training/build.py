@@ -344,22 +344,23 @@ def _horizon(cfg: C.Config, resume: Resume) -> Horizon:
     return planned(cfg.train.total_steps, cfg.optim)
 
 
-def _task_eval(ctx: Context, alert: Callable[[str, str], None] | None) -> list[Any]:
-    """The in-loop task scores (rank 0), their sets located (fetched on first use) before the first step: a
+def _task_eval(ctx: Context) -> list[Any]:
+    """The in-loop task scores (rank 0), their sets read (fetched on first use) before anything else is built: a
     missing set is a usage error now, not a failure hours in."""
-    names = [n.strip() for n in ctx.cfg.train.eval_tasks.split(",") if n.strip()]
-    if not names or not ctx.world.main:
+    if not ctx.cfg.train.eval_tasks.strip() or not ctx.world.main:
         return []
     from ..data.tokenizer import load_gpt2
     from ..evals.run import load_items
+    from ..evals.sets import task_list
     from .task_eval import TaskEval
 
+    names = task_list(ctx.cfg.train.eval_tasks)
     items, _ = load_items(names, ctx.cfg.train.eval_tasks_limit)
     every = ctx.cfg.train.eval_tasks_every
     ctx.log(f"task eval: {', '.join(names)} ({sum(len(v) for v in items.values()):,} items) "
             + (f"every {every} steps and " if every else "") + "when the run ends, within "
             f"{ctx.cfg.train.eval_tasks_max_s:g} s each time")
-    return [TaskEval(items, load_gpt2().encode, ctx.log, alert)]
+    return [TaskEval(items, load_gpt2().encode, ctx.log, alert_sender(ctx))]
 
 
 def _val_batches(ctx: Context, data: TokenData) -> list[Any]:
@@ -383,6 +384,7 @@ def build_run(ctx: Context) -> Built:
     """Build everything the loop needs, in the order the log tells it."""
     cfg, log = ctx.cfg, ctx.log
     data, uri, artifact_location = _open_store(ctx)
+    task_eval = _task_eval(ctx)
     resume = find_resume(ctx.ckpt_dir, ctx.opts.resume, ctx.opts.allow_config_change, cfg, data, log)
     model, forward, optimizer, state = _model(ctx, resume)
     ddp = forward if ctx.world.size > 1 else None
@@ -412,7 +414,7 @@ def build_run(ctx: Context) -> Built:
     if fallback is not None:
         fallback.on_fallback = _compile_fallback_report(ctx, tracker, alert)
     checkpointer = _checkpointer(ctx, tracker, trainer_state, resume, alert)
-    callbacks = loop_callbacks() + _task_eval(ctx, alert)
+    callbacks = loop_callbacks() + task_eval
     if checkpointer is not None:
         callbacks.append(ProgressFile(ctx.ckpt_dir, ctx.started_unix, checkpointer))
     callbacks.append(spike_watch)

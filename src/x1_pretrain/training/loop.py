@@ -184,16 +184,26 @@ def evaluate(run: Run) -> float:
     compiled model's first graph must be training's, not an inference-mode eval (pytorch/pytorch#135892), an
     eval must never trigger (or fail in) a compilation, and no rank's eval may enter DDP's hooks."""
     model = run.raw_model
-    model.eval()
     total, count = 0.0, 0
-    with eager_modules(model):
+    with scoring_mode(model):
         for x, y in run.val_batches:
             with run.autocast:
                 loss = model(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
             total += float(loss) * x.shape[0]
             count += x.shape[0]
-    model.train()
     return total / max(count, 1)
+
+
+@contextlib.contextmanager
+def scoring_mode(model: nn.Module) -> Iterator[None]:
+    """The plain model in eval mode, blocks compiled in place run eagerly; back to training mode after, however
+    the block ends (the val loss and the task scores both score this way)."""
+    model.eval()
+    try:
+        with eager_modules(model):
+            yield
+    finally:
+        model.train()
 
 
 class Throughput:

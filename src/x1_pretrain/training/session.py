@@ -108,15 +108,6 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
     return None
 
 
-def _check_eval_sets(cfg: C.Config) -> None:
-    names = [n.strip() for n in cfg.train.eval_tasks.split(",") if n.strip()]
-    if names:
-        from ..evals import sets
-
-        for name in sets.check_tasks(names):
-            sets.locate(name)
-
-
 def end_at_last_checkpoint(ckpt_dir: Path, mlflow_uri: str | None, why: str, log: Log,
                            experiment: str | None = None, exit_code: int = EXIT_BUDGET_CHECKPOINT) -> bool:
     """End a run where it stands, like a budget stop mid-run: the final files from the newest complete
@@ -161,8 +152,10 @@ def train(opts: TrainOptions) -> int:
             f"{cfg.train.micro_batch_size} x grad accumulation {cfg.train.grad_accum_steps} x {world.size} ranks")
     import numpy as np  # noqa: F401  (imported before torch on purpose: fail fast on a broken env)
 
-    if world.main:
-        _check_eval_sets(cfg)   # an unknown task or a set that cannot be had: exit 2 before anything is built
+    if world.main and cfg.train.eval_tasks.strip():
+        from ..evals.sets import task_list
+
+        task_list(cfg.train.eval_tasks)   # an unknown task: exit 2 before anything is built
     limits = budget_limits(opts, cfg.budget)
     setup = BudgetSetup(cfg.budget, str(opts.curr_cost_uri), limits, alerts.from_env(), opts.force_launch) \
         if limits is not None else None

@@ -19,8 +19,7 @@ from ..core import names as N
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_OK
 from ..evals.score import Scorer, TaskScore, score
 from ..evals.tasks import Item
-from .device import eager_modules
-from .loop import Callback, LoopState, Outcome, Run, StepReport, Verdict
+from .loop import Callback, LoopState, Outcome, Run, StepReport, Verdict, scoring_mode
 
 
 class EvalCut(Exception):
@@ -52,10 +51,10 @@ class TaskEval(Callback):
 
     def evaluate(self, run: Run, state: LoopState) -> list[TaskScore]:
         t = run.cfg.train
-        deadline = time.monotonic() + t.eval_tasks_max_s
+        t0 = time.monotonic()
+        deadline = t0 + t.eval_tasks_max_s
         done: list[TaskScore] = []
         self.last_step = state.step
-        t0 = time.monotonic()
 
         def check() -> None:
             if run.stop.requested is not None:
@@ -65,10 +64,8 @@ class TaskEval(Callback):
 
         bf16 = t.precision == "bf16" and run.device.type == "cuda"
         scorer = Scorer(run.raw_model, self.encode, t.micro_batch_size, bf16, check=check)
-        model = run.raw_model
-        model.eval()
         try:
-            with eager_modules(model):
+            with scoring_mode(run.raw_model):
                 for task, items in self.items.items():
                     done.append(score(task, items, scorer))
         except EvalCut as e:
@@ -76,8 +73,6 @@ class TaskEval(Callback):
             self.log(f"task eval at step {state.step} cut short ({e}): {', '.join(left)} not scored this time")
         except Exception as e:   # out of memory included: the eval never ends the run
             self._failed(run, state, e)
-        finally:
-            model.train()
         self.last_seconds = time.monotonic() - t0
         self._report(run, state, done)
         return done
