@@ -18,13 +18,13 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from .budget.money import Lines, steps_that_fit
+from .budget.money import EvalCost, Lines, steps_that_fit
 from .budget.plan_text import render
 from .budget.planner import GPUS, Ask, Plan, make_plan
 from .core import config as C
 from .core.cli import guarded
 from .core.errors import X1Error
-from .training.options import add_budget_flags, budget_overrides
+from .training.options import add_budget_flags, add_eval_task_flags, budget_overrides, eval_task_overrides
 from .training.schedule import planned
 
 
@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disk-usd", type=float, default=2.0, help="persistent disk line (default $2; the sidecar's)")
     add_budget_flags(p.add_argument_group("the budget (the config's budget section; the trainer's flags)"),
                      ("cap_usd", "max_hours", "assumed_mfu", "buffer_usd", "reserve_min", "fit"), OLD)
+    add_eval_task_flags(p.add_argument_group("task evaluations during training, priced in the plan (the config's "
+                                             "train.eval_tasks keys; the trainer's flags)"))
     return p
 
 
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             raise X1Error("--tokens-per-s and --budget-assumed-mfu are two answers to one question: give one")
         overrides = budget_overrides(args)
         fit = bool(overrides.pop("budget.fit", False))   # shown for a cosine config too, with what to change
-        cfg = C.load(args.config, overrides)
+        cfg = C.load(args.config, {**overrides, **eval_task_overrides(args)})
         b = cfg.budget
         if b.cap_usd is None:
             raise X1Error(f"{args.config} has no budget.cap_usd: pass --budget-cap-usd (the lab's: 35)")
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                   n_gpus=args.num_gpus, cap_usd=b.cap_usd, max_hours=b.max_hours,
                   setup_hours=args.setup_hours, peak_tflops=args.peak_tflops,
                   lines=Lines(egress_usd=args.egress_usd, disk_usd=args.disk_usd, buffer_usd=b.buffer_usd),
-                  reserve_min=b.reserve_min)
+                  reserve_min=b.reserve_min, evals=eval_cost(cfg))
         plan = make_plan(cfg, args.gpu, args.rate_usd_per_hr, ask)
         source = ("--total-steps" if args.total_steps else f"{args.hours:g} h" if args.hours
                   else "train.total_steps in the config")
@@ -80,6 +82,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return guarded(body)
+
+
+def eval_cost(cfg: C.Config) -> EvalCost:
+    """The config's in-loop task evaluations, estimated from their size (evals/cost.py)."""
+    t = cfg.train
+    if not t.eval_tasks.strip():
+        return EvalCost()
+    from .evals.cost import eval_in_steps
+    from .evals.sets import task_list
+
+    return EvalCost(every=t.eval_tasks_every, cap_s=t.eval_tasks_max_s,
+                    in_steps=eval_in_steps(task_list(t.eval_tasks), t.eval_tasks_limit, cfg.tokens_per_step()))
 
 
 def fitted_text(plan: Plan) -> str:

@@ -154,3 +154,32 @@ def test_plan_shows_the_schedule_fitted_to_the_budget(capsys):
     start = int(fitted.split("decay: from step ")[1].split(" ")[0].replace(",", ""))
     assert start == end - int(-(-0.2 * end // 1))       # the last 20 % (rounded up) decays
     assert "train with --set optim.schedule=wsd" in fitted  # the lab config is cosine
+
+
+def test_task_evaluations_are_priced_in_the_plan(cfg, capsys):
+    """hellaswag's 10,042 items every 500 steps at 300,000 tokens/s: each evaluation ~1.64M tokens of forward
+    passes at half the training speed, ~3.7 s; 81 of them over 40,000 steps (the last in the reserve) make
+    each step longer and fewer steps fit."""
+    from x1_pretrain.budget.money import EvalCost
+    from x1_pretrain.evals.cost import eval_in_steps
+
+    in_steps = eval_in_steps(["hellaswag"], None, cfg.tokens_per_step())
+    base = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(tokens_per_s=300_000, steps=40_000))
+    with_evals = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(tokens_per_s=300_000, steps=40_000,
+                                                                 evals=EvalCost(every=500, in_steps=in_steps)))
+    eval_s = 10042 * 163.8 / 3 / 0.5 / 300_000
+    assert with_evals.eval_s == pytest.approx(eval_s)
+    assert with_evals.hours == pytest.approx(base.hours + 80 * eval_s / 3600)
+    assert with_evals.total_usd() == pytest.approx(base.total_usd() + 81 * eval_s / 3600 * 1.10)
+    assert with_evals.steps_that_fit() < base.steps_that_fit()
+    capped = plan.make_plan(cfg, "a100-80gb", 1.10, plan.Ask(
+        tokens_per_s=300_000, steps=40_000, evals=EvalCost(every=500, in_steps=in_steps, cap_s=1.0)))
+    assert capped.eval_s == 1.0    # train.eval_tasks_max_s cuts each evaluation there
+    code, out, _ = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--total-steps", "40000",
+                       "--tokens-per-s", "300000", "--eval-tasks", "hellaswag", "--eval-tasks-every", "500")
+    assert code == 0
+    for text in ("(task evals included)", "task evals   hellaswag (all items) every 500 steps and at the end: ~4 s",
+                 "81 runs", "task eval at the end (~4 s)"):
+        assert text in out, text
+    code, _, err = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--eval-tasks", "mmlu")
+    assert code == EXIT_USAGE and "unknown task 'mmlu'" in err

@@ -54,7 +54,8 @@ class Prefers(torch.nn.Module):
         self.lm_head = torch.nn.Linear(2, vocab, bias=False)
         self.lm_head.weight.data = head
 
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor, positions: torch.Tensor | None = None,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
         h = torch.zeros(*idx.shape, 2)
         h[..., 0] = 1.0
         return h
@@ -115,3 +116,28 @@ def test_the_loglikelihood_is_the_sum_of_the_continuations_token_log_probabiliti
         logp = torch.log_softmax(model(torch.tensor([ids[:-1]])).float(), dim=-1)[0]
     expected = sum(float(logp[p, ids[p + 1]]) for p in range(len(ids) - 1 - n, len(ids) - 1))
     assert ll == pytest.approx(expected, abs=1e-4)
+
+
+def test_an_items_context_runs_once_and_gives_the_log_likelihoods_of_separate_rows(encode):
+    model = tiny_model()
+    assert model.config.n_kv_head < model.config.n_head   # the packed rows go through grouped-query attention
+    data = rows(30, seed=7, split=False)
+    data[3] = dict(data[3], ctx_a="word " * 70)            # too long to pack in 64 tokens: scored row by row
+    items = tasks.items("hellaswag", data)
+    reqs = [r for it in items for r in it.requests]
+    shared = Scorer(model, encode, batch_size=8)
+    separate = Scorer(model, encode, batch_size=8, share_context=False)
+    packed, _ = shared._rows(reqs)
+    assert len(packed) == 29 + 4 and len(separate._rows(reqs)[0]) == 120
+    (a, ta), (b, tb) = shared.logliks(reqs), separate.logliks(reqs)
+    assert ta == tb == 4
+    assert a == pytest.approx(b, abs=1e-4)
+    assert score("hellaswag", items, shared).acc == score("hellaswag", items, separate).acc
+
+
+def test_winogrande_contexts_differ_so_each_option_is_its_own_row(encode):
+    row = {"sentence": "The trophy did not fit in the suitcase because _ was too big.", "option1": "the trophy",
+           "option2": "the suitcase", "answer": "1"}
+    scorer = Scorer(tiny_model(), encode)
+    got, _ = scorer._rows(list(tasks.items("winogrande", [row])[0].requests))
+    assert [len(r.scored) for r in got] == [1, 1] and all(r.positions is None for r in got)

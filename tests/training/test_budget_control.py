@@ -10,6 +10,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
+
 from x1_pretrain.budget.guard import Action, Limits
 from x1_pretrain.budget.ledger import LEDGER_FILE
 from x1_pretrain.budget.money import Lines
@@ -229,3 +231,42 @@ def test_unknown_spend_is_counted_across_restarts(demo_data, tmp_path):
     assert third.returncode == 3, third.stdout[-2000:] + third.stderr[-2000:]
     assert "spend unknown" in third.stdout and "before training" in third.stdout
     assert (ckpt / "final.safetensors").exists()  # the run ends at its last checkpoint
+
+
+def test_the_fit_counts_the_task_evaluations_at_their_measured_cost(tmp_path):
+    """Steps of 10 s and a task evaluation of 50 s every 10 steps, the clock faked. The speed measured just
+    before an evaluation and just after it is the same 15 s a step (the evaluation taken out of the measurement
+    and put back at 5 s a step), and the reserve holds the evaluation at the end: the fit ends the run where
+    $100 less the $0.60 reserve and the $0.50 final evaluation pays for 15 s steps at $0.01 a second."""
+    import dataclasses
+
+    from x1_pretrain.budget.money import EvalCost
+    from x1_pretrain.core.config import OptimConfig
+    from x1_pretrain.training.budget_control import FitContext
+
+    optim = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, schedule="wsd", decay_fraction=0.5)
+    budget = tmp_path / "budget.json"
+    budget_json(budget, 0.0, rate=36.0)
+    setup = BudgetSetup(BudgetConfig(cap_usd=100.0), str(budget), Limits(100.0, 90.0, lines=NO_LINES, reserve_min=1.0),
+                        Alerts())
+    now = [0.0]
+    evals = EvalCost(every=10, in_steps=2.0)     # estimated at 2 steps (20 s) until one is timed
+    control = BudgetControl(setup, tmp_path, lambda m: None, None,
+                            fit=FitContext(total_steps=100_000, optim=optim, expected_step_s=None),
+                            evals=lambda: evals)
+    control.monitor._fx = dataclasses.replace(control.monitor._fx, monotonic=lambda: now[0])
+    speeds = []
+    for step in range(1, 26):
+        now[0] += 10.0
+        if step % 10 == 0:   # the evaluation runs after this step, before the budget hears of it
+            now[0] += 50.0
+            evals = dataclasses.replace(evals, measured_s=50.0, spent_s=evals.spent_s + 50.0)
+        control.monitor.note_step(step, 100_000, 0.0, evals)
+        if step in (9, 11, 19, 21):
+            speeds.append(control.monitor.steps_per_hour)
+    assert speeds[0] == pytest.approx(3600 / 12.0)          # before any timing: 10 s + 20 s / 10
+    assert speeds[1:] == pytest.approx([3600 / 15.0] * 3)   # measured: 10 s + 50 s / 10, across an eval or not
+    assert control.monitor.progress().final_eval_s == 50.0
+    control.on_verdict(control.monitor.check())
+    steps_that_fit = int((100.0 - 0.60 - 0.50) / 0.15 + 1e-9)
+    assert control.proposed_end == 25 + steps_that_fit - 1     # FIT_SLACK_STEPS short

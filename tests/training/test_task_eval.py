@@ -45,7 +45,7 @@ def with_eval(total: int, every: int, extra=(), max_s: float = 60.0):
 
 
 def test_scores_are_logged_at_their_cadence_and_at_the_end():
-    run, _, log, _ = with_eval(10, every=4)
+    run, evaluator, log, _ = with_eval(10, every=4)
     outcome = train_loop(run, LoopState())
     assert outcome.exit_code == EXIT_OK
     logged = {s for s, m in run.tracker.metrics.items() if "eval/piqa/acc" in m}
@@ -54,10 +54,13 @@ def test_scores_are_logged_at_their_cadence_and_at_the_end():
     assert 0 <= m["eval/piqa/acc"] <= 1 and 0 <= m["eval/piqa/acc_norm"] <= 1
     assert sum("tasks (acc/acc_norm, n=6): piqa" in line for line in log) == 3
     assert run.raw_model.training   # back in training mode after each evaluation
+    # what the budget counts: the latest evaluation's time, and all three in the time spent evaluating
+    cost = evaluator.cost()
+    assert cost.measured_s == evaluator.last_seconds > 0 and cost.spent_s > cost.measured_s
 
 
 def test_a_failure_inside_the_eval_is_logged_alerted_once_and_training_goes_on(monkeypatch):
-    run, _, log, alerts = with_eval(9, every=3)
+    run, evaluator, log, alerts = with_eval(9, every=3)
     calls = {"n": 0}
 
     def oom(task, items, scorer):
@@ -71,6 +74,7 @@ def test_a_failure_inside_the_eval_is_logged_alerted_once_and_training_goes_on(m
     assert len(alerts) == 1 and "training goes on" in alerts[0][0]
     assert "OutOfMemoryError" in run.tracker.tags["eval_tasks_failed"]
     assert not any("eval/piqa/acc" in m for m in run.tracker.metrics.values())
+    assert evaluator.cost().measured_s is None   # a failed evaluation says nothing of what one costs
 
 
 def test_an_eval_past_its_time_is_cut_and_says_what_was_skipped():
@@ -88,12 +92,13 @@ def test_a_stop_during_an_eval_ends_it_and_the_run_stops_with_its_checkpoint():
                 run.stop.requested, run.stop.requested_at = "SIGTERM", run.clock()
             return None
 
-    run, _, log, _ = with_eval(10, every=2)
+    run, evaluator, log, _ = with_eval(10, every=2)
     run.callbacks.insert(0, StopInsideEval())   # before the eval at step 2
     outcome = train_loop(run, LoopState())
     assert (outcome.exit_code, outcome.step) == (EXIT_INTERRUPTED, 2)
     assert any("cut short (SIGTERM received)" in line for line in log)
     assert run.checkpointer.saved[-1] == (2, "interrupted by SIGTERM", True)
+    assert evaluator.cost().measured_s is None   # cut by a stop: not what a whole one costs
 
 
 @pytest.mark.parametrize("bad", ["piqa,mmlu"])

@@ -98,6 +98,7 @@ class Progress:
     total_steps: int
     steps_per_hour: float | None        # measured in this process; None before enough steps
     final_checkpoint_s: float = 0.0     # the reserve: final checkpoint, export and shutdown
+    final_eval_s: float = 0.0           # ... and the task evaluation at the end (train.eval_tasks)
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,8 @@ def _finish(notes: _Notes, unknown: str | None, limits: Limits, now: datetime, p
 
 def money_now(limits: Limits, memory: Memory, spent: float, progress: Progress | None = None) -> Money:
     """Where the money stands at a check, in the planner's terms (budget/money.py)."""
-    reserve = max(limits.reserve_min, (progress.final_checkpoint_s if progress else 0.0) / 60)
+    reserve = max(limits.reserve_min, (progress.final_checkpoint_s if progress else 0.0) / 60) + \
+        (progress.final_eval_s if progress else 0.0) / 60
     fixed_in = memory.last_good is not None and memory.last_good.fixed_usd is not None
     return Money(limits.cap_usd, memory.rate_usd_per_hr or 0.0, lines=limits.lines, spent_usd=spent,
                  fixed_in_spent=fixed_in, reserve_min=reserve)

@@ -28,6 +28,35 @@ class Lines:
         return self.egress_usd + self.disk_usd
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvalCost:
+    """The in-loop task evaluation as the money counts it: one every ``every`` steps (0: none before the end)
+    and one when the run ends. Its wall time is ``measured_s`` once one has run whole, else ``in_steps``
+    training steps' worth (evals/cost.py), never more than ``cap_s`` (``train.eval_tasks_max_s`` cuts it
+    there). ``spent_s``: seconds spent evaluating so far in this process (kept out of the measured step time)."""
+
+    every: int = 0
+    in_steps: float = 0.0
+    measured_s: float | None = None
+    cap_s: float = math.inf
+    spent_s: float = 0.0
+
+    @property
+    def configured(self) -> bool:
+        return self.in_steps > 0 or self.measured_s is not None
+
+    def per_eval_s(self, step_s: float) -> float:
+        """Seconds of one evaluation, given the training step time."""
+        if not self.configured:
+            return 0.0
+        s = self.measured_s if self.measured_s is not None else self.in_steps * step_s
+        return min(s, self.cap_s)
+
+    def per_step_s(self, step_s: float) -> float:
+        """The periodic evaluations' share of each step."""
+        return self.per_eval_s(step_s) / self.every if self.every > 0 else 0.0
+
+
 @dataclass(frozen=True)
 class Money:
     """Where the money stands: the cap, the rate, the lines, and what is already billed."""

@@ -15,6 +15,7 @@ from typing import Any
 from ..core import names as N
 from .guard import Decision, Limits, Memory, Progress, Reading, decide
 from .ledger import Ledger, memory_to_json
+from .money import EvalCost
 from .source import read_source
 
 
@@ -51,9 +52,11 @@ class BudgetMonitor:
         self.last: Decision | None = None
         self._lock = threading.Lock()
         self._seen = 0
-        self._warm: tuple[int, float] | None = None  # (step, time) after the first steps (compile, warm-up)
+        self._warm: tuple[int, float, float] | None = None  # (step, time, eval seconds) after the warm-up steps
         self.steps_done, self.total_steps, self.checkpoint_s = 0, 0, 0.0
-        self.steps_per_hour: float | None = None
+        self.evals = EvalCost()
+        self.steps_per_hour: float | None = None   # training with its share of the periodic task evaluations
+        self.train_step_s: float | None = None     # a step's wall time without the task evaluations
         self._last_step_at: float | None = None   # monotonic time the last step ended
         if ledger is not None:
             ledger.event(fx.now(), "process_start", pid=os.getpid())
@@ -67,20 +70,33 @@ class BudgetMonitor:
                 "reason": self.last.reason, "spent_usd": self.last.spent_usd,
                 "projected_usd": self.last.projected_usd, "cap_usd": self.limits.cap_usd}
 
-    def note_step(self, steps_done: int, total_steps: int, checkpoint_s: float) -> None:
-        """The loop's progress after a step, and the measured wall-clock speed since the warm-up (evals and
-        checkpoints included, compilation not)."""
+    def note_step(self, steps_done: int, total_steps: int, checkpoint_s: float,
+                  evals: EvalCost | None = None) -> None:
+        """The loop's progress after a step, and the measured wall-clock speed since the warm-up (val evals and
+        checkpoints included, compilation not). The task evaluations' seconds (``evals.spent_s``) are taken
+        out of the measurement and counted at their own cost instead: one every ``evals.every`` steps, priced
+        as measured (or estimated before the first), so a speed measured between two evaluations or across
+        one says the same."""
         self._seen += 1
         now = self._fx.monotonic()
         self.steps_done, self.total_steps, self.checkpoint_s = steps_done, total_steps, checkpoint_s
+        self.evals = evals or EvalCost()
         self._last_step_at = now
         if self._warm is None:
             if self._seen >= 3:
-                self._warm = (steps_done, now)
+                self._warm = (steps_done, now, self.evals.spent_s)
             return
-        done, hours = steps_done - self._warm[0], (now - self._warm[1]) / 3600
-        if done >= 2 and hours > 0:
-            self.steps_per_hour = done / hours
+        done = steps_done - self._warm[0]
+        seconds = now - self._warm[1] - (self.evals.spent_s - self._warm[2])
+        if done >= 2 and seconds > 0:
+            self.train_step_s = seconds / done
+            self.steps_per_hour = 3600 / (self.train_step_s + self.evals.per_step_s(self.train_step_s))
+
+    def progress(self) -> Progress:
+        """What a check weighs: the steps done and to go, the speed, and the reserve's measured parts."""
+        final_eval = self.evals.per_eval_s(self.train_step_s) if self.train_step_s else \
+            (self.evals.measured_s or 0.0)
+        return Progress(self.steps_done, self.total_steps, self.steps_per_hour, self.checkpoint_s, final_eval)
 
     def in_flight_s(self) -> float:
         """How long the step after ``steps_done`` has been running (0 before the first step ends)."""
@@ -89,7 +105,7 @@ class BudgetMonitor:
     def check(self) -> Decision:
         """One check now (thread-safe: the watcher thread and the loop may both call it)."""
         with self._lock:
-            progress = Progress(self.steps_done, self.total_steps, self.steps_per_hour, self.checkpoint_s)
+            progress = self.progress()
             now = self._fx.now()
             decision, self.memory = decide(self._fx.read(self.source), self.limits, now, progress, self.memory)
             self.last = decision

@@ -44,10 +44,12 @@ def render(plan: Plan, config_path: str, steps_source: str) -> str:
                 f"{plan.tokens_per_s * fpt.honest / fpt.lab_6n:,.0f} at the same MFU: ERRATA 1)"]
     out.append(f"  steps/hour   {plan.steps_per_hour:,.1f} of {plan.tokens_per_step:,} tokens")
     out += ["", f"run: {plan.steps:,} steps = {_b(plan.tokens)} tokens ({steps_source})",
-            f"  time         {plan.hours:,.1f} h of training"]
+            f"  time         {plan.hours:,.1f} h of training" + (" (task evals included)" if plan.eval_s else "")]
+    out += eval_lines(plan)
     billed = f"({plan.hours:,.1f} h + {plan.setup_hours:g} h set-up)" if plan.setup_hours else f"{plan.hours:,.1f} h"
     rows = [(f"compute ({billed} x {_usd(plan.rate_usd_per_hr)}/h)", plan.compute_usd()),
             (f"final checkpoint, export, shutdown ({plan.reserve_min:g} min)", plan.reserve_usd),
+            *([(f"task eval at the end (~{plan.eval_s:,.0f} s)", plan.final_eval_usd)] if plan.eval_s else []),
             ("storage egress", plan.lines.egress_usd), ("persistent disk", plan.lines.disk_usd),
             ("buffer (1 restart)", plan.lines.buffer_usd), ("total", plan.total_usd())]
     out += ["", "cost"] + [f"  {name:<44}{_usd(v):>10}" for name, v in rows]
@@ -56,6 +58,22 @@ def render(plan: Plan, config_path: str, steps_source: str) -> str:
         out.append("  (the lab's table bills ~26 h for 24 h of training: --setup-hours 2 counts set-up and tokenizing)")
     out += ["", verdict(plan), "", *what_fits(plan), "", *chinchilla_lines(plan, counts)]
     return "\n".join(out)
+
+
+def eval_lines(plan: Plan) -> list[str]:
+    """The task evaluations' share of the time: how many, how long each (estimated), and what they cost."""
+    if not plan.eval_s:
+        return []
+    t, e = plan.config.train, plan.evals
+    runs = (plan.steps // e.every if e.every else 0) + 1
+    hours = runs * plan.eval_s / 3600
+    every = f"every {e.every:,} steps and " if e.every else ""
+    items = f"first {t.eval_tasks_limit:,} items each" if t.eval_tasks_limit else "all items"
+    capped = f", cut at {e.cap_s:g} s" if plan.eval_s >= e.cap_s else ""
+    return [f"  task evals   {t.eval_tasks} ({items}) {every}at the end: ~{plan.eval_s:,.0f} s each{capped} "
+            f"(forward only, assumed at half the training speed),",
+            f"               {runs:,} runs = {hours:,.2f} h, {_usd(hours * plan.rate_usd_per_hr)}; the one at the end "
+            "is in the reserve"]
 
 
 def verdict(plan: Plan) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from ..core import config as C
 from ..core.errors import X1Error
 from ..model import flops
-from .money import DEFAULT_MFU, DEFAULT_RESERVE_MIN, Lines, Money, steps_that_fit
+from .money import DEFAULT_MFU, DEFAULT_RESERVE_MIN, EvalCost, Lines, Money, steps_that_fit
 
 # --gpu name -> (key of flops.PEAK_TFLOPS_BF16, memory in GB). Dense bf16 peaks, SXM parts for H100/H200.
 GPUS: dict[str, tuple[str, int]] = {
@@ -50,16 +50,28 @@ class Plan:
     setup_hours: float = 0.0    # billed hours outside training before the first step (set-up, tokenization)
     lines: Lines = field(default_factory=Lines)
     reserve_min: float = DEFAULT_RESERVE_MIN   # final checkpoint, export and shutdown after the last step
+    evals: EvalCost = field(default_factory=EvalCost)   # the task evaluations (train.eval_tasks): periodic and final
 
     @property
     def money(self) -> Money:
-        """The plan in the one planner's terms (budget/money.py): nothing spent yet."""
+        """The plan in the one planner's terms (budget/money.py): nothing spent yet; the reserve holds the task
+        evaluation at the end too."""
         return Money(self.cap_usd, self.rate_usd_per_hr, lines=self.lines, setup_hours=self.setup_hours,
-                     reserve_min=self.reserve_min)
+                     reserve_min=self.reserve_min + self.eval_s / 60)
+
+    @property
+    def train_step_s(self) -> float:
+        return self.tokens_per_step / self.tokens_per_s
+
+    @property
+    def eval_s(self) -> float:
+        """Seconds of one task evaluation (0 without train.eval_tasks)."""
+        return self.evals.per_eval_s(self.train_step_s)
 
     @property
     def step_s(self) -> float:
-        return self.tokens_per_step / self.tokens_per_s
+        """A step's wall time with its share of the periodic task evaluations."""
+        return self.train_step_s + self.evals.per_step_s(self.train_step_s)
 
     @property
     def fpt(self) -> flops.FlopsPerToken:
@@ -71,7 +83,7 @@ class Plan:
 
     @property
     def steps_per_hour(self) -> float:
-        return self.tokens_per_s * 3600 / self.tokens_per_step
+        return 3600 / self.step_s
 
     @property
     def hours(self) -> float:
@@ -90,7 +102,12 @@ class Plan:
 
     @property
     def reserve_usd(self) -> float:
+        """The final checkpoint, export and shutdown (the task evaluation at the end is ``final_eval_usd``)."""
         return self.reserve_min / 60 * self.rate_usd_per_hr
+
+    @property
+    def final_eval_usd(self) -> float:
+        return self.eval_s / 3600 * self.rate_usd_per_hr
 
     def total_usd(self, hours: float | None = None, buffer: bool = True) -> float:
         return self.money.total_usd(self.hours if hours is None else hours, buffer)
@@ -130,6 +147,7 @@ class Ask:
     peak_tflops: float | None = None    # per GPU, for a GPU not in the table
     lines: Lines = field(default_factory=Lines)
     reserve_min: float = DEFAULT_RESERVE_MIN
+    evals: EvalCost = field(default_factory=EvalCost)
 
 
 def make_plan(cfg: C.Config, gpu: str | None, rate: float, ask: Ask = Ask()) -> Plan:
@@ -155,7 +173,7 @@ def make_plan(cfg: C.Config, gpu: str | None, rate: float, ask: Ask = Ask()) -> 
         tokens_per_s = mfu * peak * 1e12 * n_gpus / flops.flops_per_token(cfg.model).honest
     plan = Plan(cfg, gpu or "an unnamed GPU", n_gpus, peak, rate, tokens_per_s, measured,
                 cfg.train.total_steps, ask.cap_usd, ask.max_hours, setup_hours, ask.lines,
-                ask.reserve_min)
+                ask.reserve_min, ask.evals)
     if steps is not None:
         return replace(plan, steps=steps)
     if hours is not None:

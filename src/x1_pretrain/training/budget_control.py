@@ -20,13 +20,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..budget.guard import Action, Decision, Limits, Progress, money_now
+from ..budget.guard import Action, Decision, Limits, money_now
 from ..budget.ledger import Ledger
-from ..budget.money import steps_that_fit
+from ..budget.money import EvalCost, steps_that_fit
 from ..budget.monitor import BudgetMonitor, Effects
 from ..budget.watcher import BudgetWatcher
 from ..core import names as N
@@ -92,8 +92,10 @@ class BudgetControl(Callback):
     """The guard of one trainer process; ``after_step`` is what the loop sees after each step."""
 
     def __init__(self, setup: BudgetSetup, ckpt_dir: Path, log: Log, metrics: Any,
-                 fallback: dict[str, Any] | None = None, fit: FitContext | None = None) -> None:
+                 fallback: dict[str, Any] | None = None, fit: FitContext | None = None,
+                 evals: Callable[[], EvalCost] | None = None) -> None:
         self.setup, self.ckpt_dir, self.log = setup, ckpt_dir, log
+        self.evals = evals    # the task evaluation's cost so far (training/task_eval.py), when one is configured
         self.fit, self.metrics = fit, metrics
         self.horizon: Horizon | None = None     # the loop's, as of the last step
         self.proposed_end: int = 0
@@ -153,11 +155,17 @@ class BudgetControl(Callback):
         """budget.fit: move the end to what the money and the time still pay for."""
         fit, m = self.fit, self.monitor
         assert fit is not None
-        step_s = 3600 / m.steps_per_hour if m.steps_per_hour else fit.expected_step_s
+        progress = m.progress()
+        if m.steps_per_hour:
+            step_s = 3600 / m.steps_per_hour     # the task evaluations' share included
+        elif fit.expected_step_s is not None:    # not measured yet: the expected step, the evaluations estimated
+            step_s = fit.expected_step_s + m.evals.per_step_s(fit.expected_step_s)
+            progress = replace(progress, final_eval_s=m.evals.per_eval_s(fit.expected_step_s))
+        else:
+            step_s = None
         if step_s is None or decision.spent_usd is None:
             return  # nothing to fit with yet: the planned end stands until the speed is measured
-        money = money_now(self.setup.limits, m.memory, decision.spent_usd,
-                          Progress(m.steps_done, m.total_steps, m.steps_per_hour, m.checkpoint_s))
+        money = money_now(self.setup.limits, m.memory, decision.spent_usd, progress)
         hours_left = None
         if fit.max_hours is not None:
             used_h = (time.time() - self.run_started_unix) / 3600
@@ -201,7 +209,7 @@ class BudgetControl(Callback):
     def after_step(self, run: Any, state: Any, report: Any) -> Verdict | None:
         ckpt_s = getattr(run.checkpointer, "last_save_s", 0.0) or 0.0
         self.horizon = run.horizon
-        self.monitor.note_step(state.step, run.end_step, ckpt_s)
+        self.monitor.note_step(state.step, run.end_step, ckpt_s, self.evals() if self.evals else None)
         if self.proposed_end:
             run.proposed_end, self.proposed_end = self.proposed_end, 0
         if self.request is None:

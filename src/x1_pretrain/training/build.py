@@ -14,6 +14,7 @@ from typing import Any
 
 from ..budget import alerts
 from ..budget.gate import expected_step_s
+from ..budget.money import EvalCost
 from ..core import config as C
 from ..core import names as N
 from ..core import redact
@@ -350,17 +351,20 @@ def _task_eval(ctx: Context) -> list[Any]:
     if not ctx.cfg.train.eval_tasks.strip() or not ctx.world.main:
         return []
     from ..data.tokenizer import load_gpt2
+    from ..evals.cost import eval_in_steps
     from ..evals.run import load_items
     from ..evals.sets import task_list
     from .task_eval import TaskEval
 
-    names = task_list(ctx.cfg.train.eval_tasks)
-    items, _ = load_items(names, ctx.cfg.train.eval_tasks_limit)
-    every = ctx.cfg.train.eval_tasks_every
+    t = ctx.cfg.train
+    names = task_list(t.eval_tasks)
+    items, _ = load_items(names, t.eval_tasks_limit)
     ctx.log(f"task eval: {', '.join(names)} ({sum(len(v) for v in items.values()):,} items) "
-            + (f"every {every} steps and " if every else "") + "when the run ends, within "
-            f"{ctx.cfg.train.eval_tasks_max_s:g} s each time")
-    return [TaskEval(items, load_gpt2().encode, ctx.log, alert_sender(ctx))]
+            + (f"every {t.eval_tasks_every} steps and " if t.eval_tasks_every else "") + "when the run ends, within "
+            f"{t.eval_tasks_max_s:g} s each time")
+    estimate = EvalCost(every=t.eval_tasks_every, cap_s=t.eval_tasks_max_s,
+                        in_steps=eval_in_steps(names, t.eval_tasks_limit, ctx.cfg.tokens_per_step()))
+    return [TaskEval(items, load_gpt2().encode, ctx.log, alert_sender(ctx), estimate)]
 
 
 def _val_batches(ctx: Context, data: TokenData) -> list[Any]:
@@ -406,7 +410,8 @@ def build_run(ctx: Context) -> Built:
     tracker.set_tags({N.TAG_COMPILE_MODE_EFFECTIVE: mode, **kernel_tags(model)})
     spike_watch = _spikes(ctx, data, tracker, resume)
     control = BudgetControl(ctx.guard, ctx.ckpt_dir, log, tracker.log_metrics, ck.guard_snapshot(resume.state),
-                            _fit_context(ctx, resume)) if ctx.guard is not None else None
+                            _fit_context(ctx, resume), task_eval[0].cost if task_eval else None) \
+        if ctx.guard is not None else None
     trainer_state = TrainerState(ctx=ctx, data=data, sampler=sampler, tracker=tracker, uri=uri,
                                  spike_watch=spike_watch, monitor=control.monitor if control is not None else None,
                                  wall_before=float(resume.state.get("wall_clock_s", 0.0)))

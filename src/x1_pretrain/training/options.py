@@ -77,14 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-tokens-per-s-window-min", type=float, metavar="MIN",
         help="minutes of training the floor ends the run in (default 60; later drops are logged and alerted; "
              "override train.min_tokens_per_s_window_min; was --min-tokens-per-s-window)"))
-    p.add_argument("--eval-tasks", help="task scores during training, e.g. hellaswag,arc_easy (override "
-                   "train.eval_tasks; docs/evaluation.md)")
-    p.add_argument("--eval-tasks-every", type=int, metavar="STEPS",
-                   help="score the tasks every STEPS steps (override train.eval_tasks_every; 0: at the end only)")
-    p.add_argument("--eval-tasks-limit", type=int, metavar="N",
-                   help="the first N items of each task (override train.eval_tasks_limit)")
-    p.add_argument("--eval-tasks-max-s", type=float, metavar="S",
-                   help="at most S seconds each time; what is left is skipped (override train.eval_tasks_max_s)")
+    add_eval_task_flags(p)
     p.add_argument("--min-tokens-per-s-always", dest="min_tokens_per_s_always", action="store_true", default=None,
                    help="the floor ends the run at any time, not only in its window")
     p.add_argument("--stop-grace-s", type=float, default=25.0,
@@ -181,6 +174,25 @@ def _budget_flags(b: Any) -> None:
                    help="check the budget source, plan, gate and alert channels (sends a test alert), then exit")
 
 
+def add_eval_task_flags(p: Any) -> None:
+    """The in-loop task evaluation's flags (``train.eval_tasks*``): the trainer's, and plan's to price them."""
+    p.add_argument("--eval-tasks", help="task scores during training, e.g. hellaswag,arc_easy (override "
+                   "train.eval_tasks; docs/evaluation.md)")
+    p.add_argument("--eval-tasks-every", type=int, metavar="STEPS",
+                   help="score the tasks every STEPS steps (override train.eval_tasks_every; 0: at the end only)")
+    p.add_argument("--eval-tasks-limit", type=int, metavar="N",
+                   help="the first N items of each task (override train.eval_tasks_limit)")
+    p.add_argument("--eval-tasks-max-s", type=float, metavar="S",
+                   help="at most S seconds each time; what is left is skipped (override train.eval_tasks_max_s)")
+
+
+def eval_task_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config keys the task evaluation's flags set (those given)."""
+    pairs = {"train.eval_tasks": args.eval_tasks, "train.eval_tasks_every": args.eval_tasks_every,
+             "train.eval_tasks_limit": args.eval_tasks_limit, "train.eval_tasks_max_s": args.eval_tasks_max_s}
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
 def options_from(args: argparse.Namespace) -> TrainOptions:
     pairs = {
         "train.total_steps": args.total_steps, "checkpoint.every_steps": args.checkpoint_every_steps,
@@ -189,9 +201,7 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
         "checkpoint.every_min": args.checkpoint_every_min,
         "train.min_tokens_per_s_window_min": args.min_tokens_per_s_window_min,
         "train.min_tokens_per_s_always": args.min_tokens_per_s_always, "spike.skip_steps": args.spike_skip_steps,
-        "train.eval_tasks": args.eval_tasks, "train.eval_tasks_every": args.eval_tasks_every,
-        "train.eval_tasks_limit": args.eval_tasks_limit, "train.eval_tasks_max_s": args.eval_tasks_max_s,
-        **budget_overrides(args),
+        **eval_task_overrides(args), **budget_overrides(args),
     }
     return TrainOptions(
         config=args.config, data_dir=args.data_dir, ckpt_dir=Path(args.ckpt_dir), mlflow_uri=args.mlflow_uri,

@@ -6,7 +6,8 @@ An evaluation never costs the run: it runs on the plain eager model under ``infe
 training micro-batch, it stops at ``train.eval_tasks_max_s`` (the scores of the tasks finished by then are
 logged, the rest skipped, and it says so), a stop signal ends it at the next batch so the loop's stop goes
 ahead, and any failure inside it (out of memory included) is logged, tagged, alerted once and skipped while
-training goes on. Its wall time counts in the budget's measured speed like any other part of a step.
+training goes on. The budget counts its cost (``cost()``): its measured seconds (estimated from its size before the
+first one), once every ``train.eval_tasks_every`` steps and once in the reserve for the end of the run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
+from ..budget.money import EvalCost
 from ..core import names as N
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_OK
 from ..evals.score import Scorer, TaskScore, score
@@ -30,11 +33,18 @@ class TaskEval(Callback):
     """Scores ``items`` ({task: items}) with ``encode`` at the configured steps and at the end of the run."""
 
     def __init__(self, items: dict[str, list[Item]], encode: Callable[[str], list[int]], log: Callable[[str], None],
-                 alert: Callable[[str, str], None] | None = None) -> None:
+                 alert: Callable[[str, str], None] | None = None, estimate: EvalCost | None = None) -> None:
         self.items, self.encode, self.log, self.alert = items, encode, log, alert
+        self.estimate = estimate or EvalCost()   # the cost before one is measured (period, size, time cap)
         self.last_step = -1
         self.failures = 0
         self.last_seconds = 0.0   # how long the latest evaluation took
+        self.spent_s = 0.0        # all evaluations of this process
+        self.measured_s: float | None = None   # the latest evaluation that ran to its end (or to its time cap)
+
+    def cost(self) -> EvalCost:
+        """What the budget counts for the evaluations: measured once one has run, estimated before."""
+        return replace(self.estimate, measured_s=self.measured_s, spent_s=self.spent_s)
 
     def after_step(self, run: Run, state: LoopState, report: StepReport) -> Verdict | None:
         every = run.cfg.train.eval_tasks_every
@@ -55,6 +65,7 @@ class TaskEval(Callback):
         deadline = t0 + t.eval_tasks_max_s
         done: list[TaskScore] = []
         self.last_step = state.step
+        timed = True   # whether this evaluation's seconds say what the next will cost
 
         def check() -> None:
             if run.stop.requested is not None:
@@ -71,9 +82,14 @@ class TaskEval(Callback):
         except EvalCut as e:
             left = [task for task in self.items if task not in {s.task for s in done}]
             self.log(f"task eval at step {state.step} cut short ({e}): {', '.join(left)} not scored this time")
+            timed = run.stop.requested is None    # cut by its time cap: the next one will take as long
         except Exception as e:   # out of memory included: the eval never ends the run
             self._failed(run, state, e)
+            timed = False
         self.last_seconds = time.monotonic() - t0
+        self.spent_s += self.last_seconds
+        if timed:
+            self.measured_s = self.last_seconds
         self._report(run, state, done)
         return done
 
