@@ -127,7 +127,8 @@ def test_a_kill_inside_the_decay_resumes_the_same_schedule_bit_for_bit(demo_data
     after it leaves it (on a machine slow to poll, the run may even have finished first)."""
     ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
     async_off = ["--set", "checkpoint.async_save=false", "--set", "checkpoint.keep_last=100000"]
-    billing = StepBilling(budget, ckpt, lambda s: 0.12, free_start_up=True)
+    per_step = 0.4     # $10 pays for ~25 steps: the decay starts near step 12, few checkpoints to write
+    billing = StepBilling(budget, ckpt, lambda s: per_step, free_start_up=True)
     seen: dict[str, int | None] = {}
     try:
         proc = start(train_cmd(demo_data, ckpt, 400, *fit_args(budget), *async_off, ckpt_every=1),
@@ -152,7 +153,7 @@ def test_a_kill_inside_the_decay_resumes_the_same_schedule_bit_for_bit(demo_data
         shutil.copytree(ckpt, d)
         (d / "progress.json").unlink(missing_ok=True)
         b = tmp_path / f"{twin}.json"
-        bill = StepBilling(b, d, lambda s: 0.01, spent=0.12 * at, step=at)
+        bill = StepBilling(b, d, lambda s: 0.01, spent=per_step * at, step=at)
         try:
             r = subprocess.run(train_cmd(demo_data, d, 400, *fit_args(b, cap=1000.0), *async_off,
                                          "--resume-from-latest"),
