@@ -195,3 +195,59 @@ def test_deterministic_mode_sets_every_switch():
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = False, before[1]
         if inductor_before is not None:
             inductor_config.deterministic = inductor_before
+
+
+class _FailingBackward(torch.autograd.Function):
+    """What AOTAutograd does when it lowers the backward lazily and Inductor fails: the forward ran, the
+    first ``.backward()`` raises."""
+
+    @staticmethod
+    def forward(ctx, loss):
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("BackendCompilerFailed: backend='inductor' raised: LoweringException in the backward")
+
+
+def test_a_backward_compile_failure_redoes_the_step_eagerly_like_a_forward_failure():
+    """Two micro-batches; the 'compiled' model's backward fails at the second. The step is redone eagerly from
+    its first micro-batch: the same loss, gradient norm and weights as a run that was eager from the start, a
+    loud log line, one report (the tag and the alert), and the compiled path never tried again."""
+    from x1_pretrain.data.tokens import Batch
+    from x1_pretrain.training.loop import train_step
+    from x1_pretrain.training.schedule import planned
+
+    cfg = C.load(TINY, sets=["model.seq_len=16"])
+    g = torch.Generator().manual_seed(3)
+    data = [torch.randint(0, 1000, (2, 17), generator=g) for _ in range(2)]
+    calls = []
+
+    def make(fail: bool):
+        torch.manual_seed(0)
+        model = Transformer(cfg.model)
+        logs, reports = [], []
+
+        def compiled(x, y):
+            calls.append("compiled")
+            loss = model(x, y)
+            return _FailingBackward.apply(loss) if len(calls) == 2 else loss
+
+        forward = CompileFallback(compiled, model, logs.append, reports.append) if fail else model
+        batches = iter([Batch(0, c, d[:, :-1], d[:, 1:]) for c, d in enumerate(data)])
+        run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                  device=torch.device("cpu"), batches=batches,
+                  chunks=[0, 1], val_batches=[], flops_per_token=1, peak_tflops=None, horizon=planned(10, cfg.optim))
+        return run, model, logs, reports
+
+    run, model, logs, reports = make(fail=True)
+    got = train_step(run, 0)
+    ref_run, ref_model, _, _ = make(fail=False)
+    want = train_step(ref_run, 0)
+    assert got[0] == pytest.approx(want[0], abs=1e-6) and got[1] == pytest.approx(want[1], rel=1e-5)
+    for (name, p), q in zip(model.named_parameters(), ref_model.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6), name
+    assert calls == ["compiled", "compiled"]     # the failed try, then eager only
+    assert reports == ["RuntimeError in the backward: BackendCompilerFailed: backend='inductor' raised: "
+                       "LoweringException in the backward"]
+    assert len(logs) == 1 and "EAGERLY" in logs[0]

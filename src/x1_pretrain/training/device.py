@@ -87,9 +87,15 @@ def effective_compile_mode(mode: str, micro_steps: int) -> tuple[str, str | None
     return mode, None
 
 
+class CompileFellBack(Exception):
+    """The compiled step failed after its forward (AOTAutograd compiles the backward at the first ``.backward()``):
+    the loop redoes the step eagerly from its first micro-batch."""
+
+
 class CompileFallback:
     """Calls the compiled model; if compilation fails, says so loudly (console, ``on_fallback`` for the MLflow
-    tag and the alert) and carries on eagerly, which ``--min-tokens-per-s`` then judges."""
+    tag and the alert) and carries on eagerly, which ``--min-tokens-per-s`` then judges. The backward goes
+    through :meth:`backward`, so a failure compiling it falls back the same way."""
 
     def __init__(self, compiled: Any, eager: Any, log: Log, on_fallback: Callable[[str], None] | None = None,
                  undo: Callable[[], None] | None = None) -> None:
@@ -105,18 +111,35 @@ class CompileFallback:
         except Exception as e:  # torch._dynamo / inductor raise many types
             if "out of memory" in str(e).lower():
                 raise
-            self.failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            if self.undo is not None:
-                self.undo()
-            self.log(f"WARNING: torch.compile failed ({self.failed}); training goes on EAGERLY, typically ~1.7x "
-                     "slower on a GPU: fix the cause or relaunch with --no-compile (--min-tokens-per-s stops a run "
-                     "that falls below the floor in its first hour)")
-            if self.on_fallback is not None:
-                try:
-                    self.on_fallback(self.failed)
-                except Exception as report_error:   # reporting must not end the run
-                    self.log(f"warning: the compile fallback could not be reported ({report_error})")
+            self._fall_back(e, "")
             return self.eager(*a, **k)
+
+    def backward(self, loss: Any) -> None:
+        """``loss.backward()``; a failure while compiling the backward falls back to eager and raises
+        :class:`CompileFellBack` for the loop to redo the step (the gradients so far are not to be kept)."""
+        if self.failed is not None:
+            loss.backward()
+            return
+        try:
+            loss.backward()
+        except Exception as e:
+            if "out of memory" in str(e).lower():
+                raise
+            self._fall_back(e, " in the backward")
+            raise CompileFellBack(self.failed) from e
+
+    def _fall_back(self, e: BaseException, where: str) -> None:
+        self.failed = f"{type(e).__name__}{where}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        if self.undo is not None:
+            self.undo()
+        self.log(f"WARNING: torch.compile failed ({self.failed}); training goes on EAGERLY, typically ~1.7x "
+                 "slower on a GPU: fix the cause or relaunch with --no-compile (--min-tokens-per-s stops a run "
+                 "that falls below the floor in its first hour)")
+        if self.on_fallback is not None:
+            try:
+                self.on_fallback(self.failed)
+            except Exception as report_error:   # reporting must not end the run
+                self.log(f"warning: the compile fallback could not be reported ({report_error})")
 
     def train(self, mode: bool = True) -> Any:
         return self.eager.train(mode)

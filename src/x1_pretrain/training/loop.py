@@ -24,7 +24,7 @@ from ..core import names as N
 from ..core.config import Config
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK
 from ..data.tokens import Batch
-from .device import eager_modules
+from .device import CompileFallback, CompileFellBack, eager_modules
 from .distributed import World, agree_max, mean_over_ranks
 from .schedule import Horizon, lr_at, planned, retarget
 
@@ -227,6 +227,26 @@ class Throughput:
         return sum(self.times) / len(self.times) if self.times else float("nan")
 
 
+def _accumulate(run: Run, batches: list[Batch]) -> torch.Tensor:
+    """Forward and backward over this step's micro-batches (DDP syncs on the last); the summed loss."""
+    n = len(batches)
+    backward = run.model.backward if isinstance(run.model, CompileFallback) else None
+    loss_sum = torch.zeros((), device=run.device)
+    for i, batch in enumerate(batches):
+        x = batch.x.to(run.device, non_blocking=True)
+        y = batch.y.to(run.device, non_blocking=True)
+        sync_ctx = run.ddp.no_sync() if run.ddp is not None and i < n - 1 else contextlib.nullcontext()
+        with sync_ctx:
+            with run.autocast:
+                loss = run.model(x, y)
+            if backward is not None:
+                backward(loss / n)
+            else:
+                (loss / n).backward()
+        loss_sum += loss.detach()
+    return loss_sum
+
+
 def train_step(run: Run, step: int) -> tuple[float, float, float]:
     """One optimizer step over all this rank's chunks. Returns (mean loss, grad norm before clipping, lr)."""
     cfg = run.cfg
@@ -234,22 +254,20 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
     lr = lr_at(step, cfg.optim, run.horizon)
     for group in run.optimizer.param_groups:
         group["lr"] = lr
-    n = len(run.chunks)
-    loss_sum = torch.zeros((), device=run.device)
-    for i, chunk in enumerate(run.chunks):
+    batches = []
+    for chunk in run.chunks:
         batch = next(run.batches)
         if (batch.step, batch.chunk) != (step, chunk):  # an invariant of the prefetcher
             raise RuntimeError(f"batch order broken: got {(batch.step, batch.chunk)}, expected {(step, chunk)}")
         for cb in run.callbacks:
             batch = cb.batch(step, chunk, batch)
-        x = batch.x.to(run.device, non_blocking=True)
-        y = batch.y.to(run.device, non_blocking=True)
-        sync_ctx = run.ddp.no_sync() if run.ddp is not None and i < n - 1 else contextlib.nullcontext()
-        with sync_ctx:
-            with run.autocast:
-                loss = run.model(x, y)
-            (loss / n).backward()
-        loss_sum += loss.detach()
+        batches.append(batch)
+    n = len(batches)
+    try:
+        loss_sum = _accumulate(run, batches)
+    except CompileFellBack:   # the backward's compile failed: the fallback is eager now, the step starts again
+        run.optimizer.zero_grad(set_to_none=True)
+        loss_sum = _accumulate(run, batches)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), clip))
     loss_value = float(mean_over_ranks(loss_sum / n, run.world))
