@@ -91,3 +91,21 @@ def test_seeding_repeats_every_generator():
     first = (random.random(), np.random.rand(), torch.rand(1).item())
     D.seed_everything(7)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+def test_deterministic_under_compile_without_inductors_deterministic_mode_is_refused_on_a_gpu(monkeypatch):
+    """torch 2.5 has no torch._inductor.config.deterministic: on a GPU, train.deterministic with compile is a
+    usage error naming the ways out, never a silently non-deterministic run; eager, or a CPU, goes ahead."""
+    import torch._inductor.config as inductor_config
+
+    cfg = C.load(TINY, {"train.deterministic": True, "train.compile": True})
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    if hasattr(inductor_config, "deterministic"):
+        D.check_deterministic_compile(cfg, gpu)      # this torch has it: nothing to refuse
+        monkeypatch.delattr(inductor_config, "deterministic")
+    with pytest.raises(X1Error, match=r"train\.deterministic with train\.compile") as e:
+        D.check_deterministic_compile(cfg, gpu)
+    assert "--no-compile" in str(e.value) and torch.__version__ in str(e.value)
+    D.check_deterministic_compile(cfg, cpu)
+    D.check_deterministic_compile(C.load(TINY, {"train.deterministic": True, "train.compile": False}), gpu)
+    D.check_deterministic_compile(C.load(TINY, {"train.compile": True}), gpu)

@@ -29,6 +29,7 @@ from .callbacks import ProgressFile, loop_callbacks
 from .checkpointer import CheckpointCalls, Checkpointer
 from .device import (
     CompileFallback,
+    check_deterministic_compile,
     compile_model,
     effective_compile_mode,
     forward_kernels,
@@ -116,6 +117,7 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
 
     cfg, device, log = ctx.cfg, ctx.device, ctx.log
     use_flash = hardware_plan(cfg, device, log)
+    check_deterministic_compile(cfg, device)
     if cfg.train.deterministic:
         make_deterministic(device, log)
     seed_everything(cfg.train.seed)

@@ -206,11 +206,34 @@ def undo_deterministic() -> None:
     _inductor_deterministic(False)
 
 
-def _inductor_deterministic(on: bool) -> None:
-    with contextlib.suppress(ImportError):
+def _inductor_has_deterministic() -> bool:
+    try:
         import torch._inductor.config as inductor_config
-        if hasattr(inductor_config, "deterministic"):   # newer torch: no autotuning choices that vary between runs
-            inductor_config.deterministic = on
+    except ImportError:
+        return False
+    return hasattr(inductor_config, "deterministic")
+
+
+def _inductor_deterministic(on: bool) -> None:
+    if _inductor_has_deterministic():   # newer torch: no autotuning choices that vary between runs
+        import torch._inductor.config as inductor_config
+        inductor_config.deterministic = on
+
+
+def check_deterministic_compile(cfg: Any, device: Any) -> None:
+    """``train.deterministic`` with ``train.compile`` on a GPU needs Inductor's deterministic mode: without it
+    (torch 2.5) Inductor benchmarks kernel configurations when it compiles and may pick another reduction order
+    after a resume, so the promise could not be kept. Refused (exit 2) with the ways out, never silently."""
+    import torch
+
+    t = cfg.train
+    if not (t.deterministic and t.compile and device.type == "cuda") or _inductor_has_deterministic():
+        return
+    raise X1Error(f"train.deterministic with train.compile needs torch.compile's deterministic mode "
+                  f"(torch._inductor.config.deterministic), which torch {torch.__version__} does not have: Inductor "
+                  "picks its kernels by timing them, so a resumed run may sum in another order. Train eagerly "
+                  "(--no-compile, or --set train.compile=false), drop --set train.deterministic=true, or use a "
+                  "torch that has it")
 
 
 def compiled_in_place(model: Any) -> list[Any]:
