@@ -109,3 +109,31 @@ def test_deterministic_under_compile_without_inductors_deterministic_mode_is_ref
     D.check_deterministic_compile(cfg, cpu)
     D.check_deterministic_compile(C.load(TINY, {"train.deterministic": True, "train.compile": False}), gpu)
     D.check_deterministic_compile(C.load(TINY, {"train.compile": True}), gpu)
+
+
+def test_cudnn_attention_is_off_on_a_gpu_unless_asked_for(monkeypatch):
+    calls: list[bool] = []
+    FakeCuda(monkeypatch)
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
+    D.hardware_plan(lab_like(attention="sdpa", precision="bf16"), torch.device("cuda:0"), [].append)
+    D.hardware_plan(lab_like(attention="sdpa", precision="bf16", sdpa_cudnn=True), torch.device("cuda:0"), [].append)
+    D.hardware_plan(lab_like(attention="sdpa"), torch.device("cpu"), [].append)   # a CPU has no cuDNN to pick
+    assert calls == [False, True]
+
+
+def test_the_attention_tag_names_the_kernel_sdpa_dispatches_to():
+    """The tag is SDPA's own choice for the model's shapes: restricted to the math kernel, it says math."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from x1_pretrain.model.transformer import SDPA_BACKENDS, Transformer, sdpa_backend
+    from x1_pretrain.training.build import attention_effective
+
+    cfg = lab_like()
+    model = Transformer(cfg.model)
+    got = attention_effective(model, "fp32")
+    assert got.startswith("sdpa:") and got[5:] in SDPA_BACKENDS.values()
+    with sdpa_kernel([SDPBackend.MATH]):
+        assert sdpa_backend(cfg.model, torch.float32, torch.device("cpu")) == "math"
+        assert attention_effective(model, "bf16") == "sdpa:math"
+    model.set_attention(True)
+    assert attention_effective(model, "bf16") == "flash-attn"

@@ -93,6 +93,7 @@ class TrainConfig:
     compile: bool = True
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "max-autotune"
     attention: Literal["flash", "sdpa"] = "flash"  # flash-attn when available on CUDA, else SDPA
+    sdpa_cudnn: bool = False         # let SDPA pick cuDNN attention (off: open gradient reports, pytorch #150700)
     device: str = "auto"             # auto | cpu | cuda | cuda:N
     log_every: int = 10              # steps between metric logs
     eval_every: int = 1800           # steps between val evals (and one at the end)
@@ -482,7 +483,7 @@ OPERATIONAL_KEYS = frozenset({
     "spike.grad_window",
     # how the same computation runs: the state fits either way (a change is logged; bitwise resume needs none)
     "train.fused_loss", "train.loss_chunk_tokens", "train.bf16_residual", "train.compile_scope",
-    "train.deterministic", "train.eval_tasks", "train.eval_tasks_every", "train.eval_tasks_limit",
+    "train.deterministic", "train.sdpa_cudnn", "train.eval_tasks", "train.eval_tasks_every", "train.eval_tasks_limit",
     "train.eval_tasks_max_s",
     # money: the cap, its lines and cadences may change between restarts (budget.fit changes the schedule: not here)
     *(f"budget.{f.name}" for f in dataclasses.fields(BudgetConfig) if f.name != "fit"),

@@ -161,6 +161,28 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_flas
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 
 
+SDPA_BACKENDS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}   # torch's SDPBackend
+
+
+def sdpa_backend(m: ModelConfig, dtype: torch.dtype, device: torch.device) -> str:
+    """The kernel PyTorch's SDPA dispatches :func:`causal_attention` to for this model's shapes, dtype and device,
+    as the backends are enabled now (``torch._fused_sdp_choice``, the choice SDPA itself makes): ``math``,
+    ``flash``, ``efficient``, ``cudnn``; ``unknown`` where this torch cannot say."""
+    q = torch.zeros(1, m.n_head, 8, m.head_dim, dtype=dtype, device=device)
+    kv_heads = m.n_kv_head
+    gqa = kv_heads != m.n_head and _SDPA_HAS_GQA and (device.type != "cuda" or dtype in (torch.bfloat16,
+                                                                                           torch.float16))
+    if kv_heads != m.n_head and not gqa:
+        kv_heads = m.n_head            # causal_attention repeats the K/V heads there
+    k = torch.zeros(1, kv_heads, 8, m.head_dim, dtype=dtype, device=device)
+    try:
+        choose: Any = torch._fused_sdp_choice
+        choice = choose(q, k, k, is_causal=True, enable_gqa=True) if gqa else choose(q, k, k, is_causal=True)
+    except (AttributeError, RuntimeError, TypeError):
+        return "unknown"
+    return SDPA_BACKENDS.get(int(choice), "unknown")
+
+
 class FusedLinear(nn.Linear):
     """Several bias-free projections of the same input in one matmul. The state dict holds the parts under
     their own names (``names``, rows ``sizes``) and loads from them, so checkpoints and exports keep Llama's

@@ -22,7 +22,7 @@ from ..core.env import machine, versions
 from ..core.errors import X1Error
 from ..data.tokens import Prefetcher, Sampler, TokenData, gather, open_token_data, val_starts
 from ..model import flops
-from ..model.transformer import Transformer, state_dict_for_saving
+from ..model.transformer import Transformer, sdpa_backend, state_dict_for_saving
 from . import checkpoint as ck
 from .budget_control import BudgetControl, FitContext
 from .callbacks import ProgressFile, loop_callbacks
@@ -146,10 +146,21 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
     return model, forward, optimizer, state
 
 
-def kernel_tags(model: Transformer) -> dict[str, str]:
+def attention_effective(model: Transformer, precision: str) -> str:
+    """``flash-attn``, or ``sdpa:<the backend SDPA dispatches to>`` (flash, efficient, cudnn, math)."""
+    import torch
+
+    if model.kernels.use_flash:
+        return "flash-attn"
+    device = next(model.parameters()).device
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32    # the autocast dtype of the forward
+    return f"sdpa:{sdpa_backend(model.config, dtype, device)}"
+
+
+def kernel_tags(model: Transformer, precision: str = "fp32") -> dict[str, str]:
     """What the forward actually runs, for MLflow and the manifest (a switch can be overridden by the device)."""
     k, m = model.kernels, model.config
-    return {N.TAG_ATTENTION_EFFECTIVE: "flash-attn" if k.use_flash else "sdpa",
+    return {N.TAG_ATTENTION_EFFECTIVE: attention_effective(model, precision),
             N.TAG_KERNELS: f"fused_loss={k.fused_loss} (chunk {k.loss_chunk_tokens}), vocab rows "
                        f"{model.lm_head.weight.shape[0]} for {m.vocab_size}, fused_projections={m.fused_projections}, "
                        f"residual={'bf16' if k.residual_dtype is not None else 'fp32'}, "
@@ -409,7 +420,10 @@ def build_run(ctx: Context) -> Built:
         f"{data.val.size:,} val tokens ({sum(len(x) for x, _ in val_batches)} fixed eval windows); "
         f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")
     tracker = _tracker(ctx, uri, artifact_location, resume, data)
-    tracker.set_tags({N.TAG_COMPILE_MODE_EFFECTIVE: mode, **kernel_tags(model)})
+    kernels = kernel_tags(model, cfg.train.precision)
+    log(f"attention runs on {kernels[N.TAG_ATTENTION_EFFECTIVE]}"
+        + ("" if ctx.device.type != "cuda" or cfg.train.sdpa_cudnn else " (cuDNN SDPA off: train.sdpa_cudnn)"))
+    tracker.set_tags({N.TAG_COMPILE_MODE_EFFECTIVE: mode, **kernels})
     spike_watch = _spikes(ctx, data, tracker, resume)
     control = BudgetControl(ctx.guard, ctx.ckpt_dir, log, tracker.log_metrics, ck.guard_snapshot(resume.state),
                             _fit_context(ctx, resume), task_eval[0].cost if task_eval else None) \

@@ -52,6 +52,8 @@ def hardware_plan(cfg: Any, device: Any, log: Log) -> bool:
     if cfg.train.precision == "bf16" and device.type == "cuda" and not ampere:
         raise X1Error(f"train.precision 'bf16': {torch.cuda.get_device_name(device)} has no bf16 support; "
                       "use --set train.precision=fp32 (slower) or an Ampere-or-newer GPU")
+    if device.type == "cuda" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(cfg.train.sdpa_cudnn)   # chosen on purpose, never by torch's default
     if cfg.train.attention != "flash":
         return False
     if device.type != "cuda":
