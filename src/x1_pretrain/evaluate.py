@@ -55,7 +55,8 @@ def table(scores: list[Any]) -> str:
     for s in scores:
         norm = f"{s.acc_norm:.4f}" if s.acc_norm is not None else "—"
         lines.append(f"{s.task:<14} {s.n:>6} {s.acc:>7.4f} {norm:>9} {s.chance:>7.4f}"
-                     + (f"  ({s.truncated} contexts cut to fit)" if s.truncated else ""))
+                     + (f"  ({s.truncated} contexts cut to fit)" if s.truncated else "")
+                     + (f"  ({s.skipped} items skipped: an answer longer than model.seq_len)" if s.skipped else ""))
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@ of gold-first items, a random init lands near chance, and the scores do not depe
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -141,3 +142,14 @@ def test_winogrande_contexts_differ_so_each_option_is_its_own_row(encode):
     scorer = Scorer(tiny_model(), encode)
     got, _ = scorer._rows(list(tasks.items("winogrande", [row])[0].requests))
     assert [len(r.scored) for r in got] == [1, 1] and all(r.positions is None for r in got)
+
+
+def test_an_item_whose_answer_alone_is_longer_than_seq_len_is_skipped_and_counted(encode):
+    """The harness refuses such a request; cutting the answer would score another text. x1 leaves the item out of
+    n (and out of chance) and counts it."""
+    model = tiny_model()
+    long = {"goal": "Pick one", "sol1": "a " * 80, "sol2": "b", "label": 1}
+    got = score("piqa", tasks.items("piqa", [long, *[dict(long, sol1="c")] * 3]), Scorer(model, encode))
+    assert (got.n, got.skipped, got.chance) == (3, 1, 0.5) and got.to_json()["skipped"] == 1
+    lls, truncated = Scorer(model, encode).logliks(tasks.items("piqa", [long])[0].requests)
+    assert math.isnan(lls[0]) and math.isfinite(lls[1]) and truncated == 0

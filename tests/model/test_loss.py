@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from x1_pretrain.model import loss as loss_module
 from x1_pretrain.model.loss import linear_cross_entropy
 
 
@@ -24,8 +25,17 @@ def inputs(n=96, c=32, vocab=300, rows=384, seed=0):
     return h, w, torch.randint(0, vocab, (n,), generator=g)
 
 
+@pytest.fixture(params=["eager", "fused"])
+def path(request, monkeypatch):
+    """Both ways to the numbers: the in-place eager one, and the fused one torch.compile traces (run eagerly
+    here by making the loss believe it is being compiled)."""
+    if request.param == "fused":
+        monkeypatch.setattr(loss_module, "_is_compiling", lambda: True)
+    return request.param
+
+
 @pytest.mark.parametrize("chunk", [1000, 96, 40, 7])
-def test_value_and_gradients_equal_the_plain_cross_entropy(chunk):
+def test_value_and_gradients_equal_the_plain_cross_entropy(chunk, path):
     h, w, y = inputs()
     ref = plain(h, w, y, 300)
     gh, gw = torch.autograd.grad(ref * 2.5, (h, w))     # a non-unit upstream gradient (accumulation scales it)
@@ -37,7 +47,7 @@ def test_value_and_gradients_equal_the_plain_cross_entropy(chunk):
     assert torch.all(ow[300:] == 0)           # padding rows: no probability, so no gradient
 
 
-def test_batched_hidden_states_and_eval_without_gradients():
+def test_batched_hidden_states_and_eval_without_gradients(path):
     h, w, y = inputs(n=64)
     ref = plain(h, w, y, 300)
     with torch.no_grad():
@@ -46,7 +56,7 @@ def test_batched_hidden_states_and_eval_without_gradients():
     torch.testing.assert_close(ours, ref.detach(), atol=1e-6, rtol=1e-6)
 
 
-def test_under_bf16_autocast_it_matches_the_plain_route_there():
+def test_under_bf16_autocast_it_matches_the_plain_route_there(path):
     h, w, y = inputs(n=128, c=64)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ref = F.cross_entropy(F.linear(h, w)[..., :300].float().reshape(-1, 300), y)
@@ -100,3 +110,34 @@ def test_compiled_gradients_equal_eager_ones(tmp_path, monkeypatch):
     torch.testing.assert_close(cw, ew, atol=1e-6, rtol=1e-5)
     ref = plain(torch.tanh(h) * 1.5, w, y, 300) * 2.5
     torch.testing.assert_close(ch, torch.autograd.grad(ref, h)[0], atol=1e-6, rtol=1e-5)
+
+
+def test_the_compiled_loss_has_no_index_put_and_equals_the_eager_one():
+    """The graph Inductor gets: the onehot is a comparison (no index_put to stop the fusion), and the values
+    equal the eager path's."""
+    import torch._dynamo
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    targets: list[str] = []
+
+    def capture(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return make_boxed_func(gm.forward)
+
+    def loss_of(h, w, y):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return linear_cross_entropy(h, w, y, 300, chunk_tokens=64)
+
+    h, w, y = inputs(n=128, c=64)
+    try:
+        value = torch.compile(loss_of, backend=aot_autograd(fw_compiler=capture), fullgraph=True)(h, w, y)
+        gh, gw = torch.autograd.grad(value, (h, w))
+    finally:
+        torch._dynamo.reset()
+    assert targets and not [t for t in targets if "index_put" in t]
+    eager = loss_of(h, w, y)
+    eh, ew = torch.autograd.grad(eager, (h, w))
+    torch.testing.assert_close(value, eager, atol=2e-3, rtol=1e-3)
+    torch.testing.assert_close(gh, eh, atol=2e-3, rtol=5e-2)
+    torch.testing.assert_close(gw, ew, atol=2e-3, rtol=5e-2)

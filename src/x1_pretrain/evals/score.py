@@ -28,12 +28,13 @@ class TaskScore:
     acc: float
     acc_norm: float | None    # None where the harness reports none (WinoGrande)
     chance: float             # the mean of 1 / choices: what guessing scores
-    truncated: int            # requests cut from the left to fit model.seq_len
+    truncated: int            # requests whose context was cut from the left to fit model.seq_len
     seconds: float
+    skipped: int = 0          # items left out: a continuation alone longer than model.seq_len (the harness refuses)
 
     def to_json(self) -> dict[str, Any]:
         return {"acc": self.acc, "acc_norm": self.acc_norm, "n": self.n, "chance": self.chance,
-                "truncated": self.truncated, "seconds": round(self.seconds, 3)}
+                "truncated": self.truncated, "skipped": self.skipped, "seconds": round(self.seconds, 3)}
 
 
 def encode_pair(encode: Callable[[str], list[int]], context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -112,6 +113,8 @@ class Scorer:
                 rows.append(_packed_row(ctx, [(i, cont) for i, _, cont in pairs]))
                 continue
             for i, c, cont in pairs:
+                if len(cont) > self.seq_len:
+                    continue    # no prediction of its first tokens is possible: NaN, the item is skipped
                 whole = c + cont
                 if len(whole) > self.seq_len + 1:
                     truncated += 1
@@ -120,9 +123,11 @@ class Scorer:
         return rows, truncated
 
     def logliks(self, requests: Sequence[tuple[str, str]]) -> tuple[list[float], int]:
-        """(one summed log-likelihood per request, in order; how many requests were truncated)."""
+        """(one summed log-likelihood per request, in order; how many requests were truncated). A request whose
+        continuation alone is longer than ``model.seq_len`` gets NaN: it cannot be scored whole (the harness
+        refuses it too), and cutting the continuation would score another text."""
         rows, truncated = self._rows(requests)
-        out = [0.0] * len(requests)
+        out = [math.nan] * len(requests)
         rows.sort(key=lambda r: -len(r.tokens))
         for start in range(0, len(rows), self.batch_size):
             if self.check is not None:
@@ -192,15 +197,18 @@ def _argmax(values: Sequence[float]) -> int:
 def score(task: str, items: list[Item], scorer: Scorer) -> TaskScore:
     t0 = time.monotonic()
     lls, truncated = scorer.logliks([r for it in items for r in it.requests])
-    hits = hits_norm = 0
+    hits = hits_norm = n = 0
+    chance = 0.0
     at = 0
     for it in items:
         vals = lls[at:at + it.n_choices]
         at += it.n_choices
+        if not all(math.isfinite(v) for v in vals):
+            continue
+        n += 1
+        chance += 1 / it.n_choices
         hits += _argmax(vals) == it.gold
         hits_norm += _argmax([v / c for v, c in zip(vals, it.choice_chars, strict=True)]) == it.gold
-    n = len(items)
-    chance = sum(1 / it.n_choices for it in items) / n if n else math.nan
     return TaskScore(task, n, hits / n if n else math.nan,
                      (hits_norm / n if n else math.nan) if HAS_ACC_NORM[task] else None,
-                     chance, truncated, time.monotonic() - t0)
+                     chance / n if n else math.nan, truncated, time.monotonic() - t0, len(items) - n)
