@@ -4,25 +4,33 @@
     python bench/gpu_check.py --out OUT.md [--deadline-s 500] [--config configs/x1-50m-a100.yaml]
 
 Phases, in this order; each but the first runs in its own process under its own deadline (a compile that
-hangs, the lab's known failure, is reported instead of eating the rest), writes what it has measured so far
-as it goes, and a phase that fails or times out does not stop the next:
+hangs, the lab's known failure, is reported instead of eating the rest; ``--phase-s NAME=SECONDS`` changes
+one), writes what it has measured so far as it goes, and a phase that fails or times out does not stop the next:
 
   report        versions (torch, CUDA, cuDNN, triton, flash-attn) and the hardware; FAILS the whole check
                 (exit 1) when nvidia-smi sees a GPU that torch cannot use
+  trainer       THE REAL TRAINER CLI first (python -m x1_pretrain.train, the lab config, synthetic uint16 tokens,
+                --trainer-steps steps) compiled in mode default, which compiles within its budget from a cold
+                cache: warm tokens/s, MFU honest and lab 6N, first step (compile) time, peak memory, and the
+                --budget-expected-step-s for the launch gate. The figures come from the trainer's progress file
+                and MLflow store as it runs: a trainer stopped at the phase's deadline keeps the steps it finished
+                (the report says it was cut)
   grads         a small model with gradient accumulation: the accumulated gradients of eager and of each
                 compile mode x1 uses (default, max-autotune-no-cudagraphs) must agree
   graph-breaks  torch._dynamo.explain on the lab model with the kernels the trainer picks: graphs and breaks for
                 the whole model and for one block (and for raw flash-attn, to show why it is swapped)
   bf16-vs-fp32  30 optimizer steps of the lab model on one fixed batch from one init: true fp32 (TF32 off), bf16
                 autocast as configured, and bf16 with the bf16 residual stream; the bf16 curves must track fp32
-  trainer       THE REAL TRAINER CLI (python -m x1_pretrain.train, the lab config, synthetic uint16 tokens,
-                --trainer-steps steps): warm tokens/s, MFU honest and lab 6N, first step (compile) time, peak
-                memory; --budget-expected-step-s for the launch gate comes from this phase only
   ab-eager      an A/B of each speed switch (vocab padding, one-pass loss, bf16 residual, fused projections,
                 deterministic mode, flash-attn vs SDPA) at the lab micro-batch, eager, from one init
   ab-compiled   the same switches under torch.compile (mode default), while time is left
   profile       a short torch.profiler trace of the trainer's configuration: device time by group (GEMM,
                 attention, loss, elementwise, optimizer, idle)
+  trainer-lab-mode  the real trainer again in the config's own compile mode (the lab's max-autotune), if time
+                is left: its compile time and whether its speed beats default's
+
+Every phase compiles into the trainer's own Inductor cache (``$TORCHINDUCTOR_CACHE_DIR``, by default
+``~/.cache/x1_pretrain/inductor``), so the paid run on the same machine starts with the kernels warm.
 
 It writes OUT.md (also printed) and OUT.json beside it; child logs go to OUT.log. Exit 0 when every phase
 passed, 1 otherwise. Without CUDA (and without a GPU for nvidia-smi) it says so and runs every phase on a tiny
@@ -55,9 +63,11 @@ REPO = Path(__file__).resolve().parents[1]
 LAB_CONFIG = REPO / "configs" / "x1-50m-a100.yaml"
 VOCAB = 50257
 # (phase, seconds at most) in the order they run; sized for one H100/H200, together under --deadline-s
+# The real trainer first, compiled in mode default (it finishes in its budget from a cold cache); the config's own
+# mode (the lab's max-autotune) last, if time is left. --phase-s NAME=SECONDS overrides one.
 PHASES: list[tuple[str, float]] = [
-    ("grads", 70.0), ("graph-breaks", 30.0), ("bf16-vs-fp32", 40.0), ("trainer", 210.0), ("ab-eager", 50.0),
-    ("ab-compiled", 60.0), ("profile", 35.0),
+    ("trainer", 150.0), ("grads", 60.0), ("graph-breaks", 30.0), ("bf16-vs-fp32", 40.0), ("ab-eager", 45.0),
+    ("ab-compiled", 55.0), ("profile", 30.0), ("trainer-lab-mode", 90.0),
 ]
 # What each A/B variant flips, relative to the config as it is (``--set`` syntax)
 SWITCHES: list[tuple[str, list[str]]] = [
@@ -322,14 +332,93 @@ def trainer_sets(smoke: bool) -> list[str]:
     return sets + TINY_SETS if smoke else sets
 
 
-def phase_trainer(args: argparse.Namespace, device: Any, out: Partial) -> None:
-    """The real trainer CLI on synthetic tokens; what the paid run will see, from its own MLflow metrics."""
+TRAINER_READ_MARGIN_S = 12.0   # of a trainer phase's deadline: to stop the trainer and read what it measured
+TRAINER_WARM_STEP = 3          # progress before this step includes the compilation: not a speed
+
+
+def trainer_figures(samples: list[tuple[int, float]], tokens_per_step: int, flops_honest: int, flops_lab: int,
+                    peak_tflops: float | None, last_step: int | None = None) -> dict[str, Any]:
+    """Warm speed from the trainer's progress file, as (step, unix time) samples: the steps between the first
+    warm sample and the last over the time between them; MFU in both accountings where the peak is known, and
+    the step time the launch gate takes (--budget-expected-step-s). Empty without two warm samples. The run's
+    ``last_step`` is left out where there is enough without it: its record may come after the final val loss
+    and checkpoint."""
+    warm = sorted({s: t for s, t in samples if s >= TRAINER_WARM_STEP}.items())
+    if len(warm) >= 3 and warm[-1][0] == last_step:
+        warm = warm[:-1]
+    if len(warm) < 2 or warm[-1][1] <= warm[0][1]:
+        return {}
+    step_s = (warm[-1][1] - warm[0][1]) / (warm[-1][0] - warm[0][0])
+    tps = tokens_per_step / step_s
+    out: dict[str, Any] = {"tokens_per_s": tps, "step_s": step_s, "warm_steps": warm[-1][0] - warm[0][0]}
+    if peak_tflops:
+        out["mfu"] = tps * flops_honest / (peak_tflops * 1e12)
+        out["mfu_lab_6n"] = tps * flops_lab / (peak_tflops * 1e12)
+    return out
+
+
+def _read_progress(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _stop_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM to the trainer's process group (its compile workers too), SIGKILL after a few seconds."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=8)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def watch_trainer(proc: subprocess.Popen[Any], progress: Path, deadline: float, cut_after_steps: int | None,
+                  out: Partial) -> tuple[list[tuple[int, float]], str | None]:
+    """Follow the trainer's progress file until it exits, or stop it at ``deadline`` (or, for tests, once it
+    reports ``cut_after_steps`` steps): (the (step, time) samples seen, why it was cut or None)."""
+    samples: list[tuple[int, float]] = []
+    cut = None
+    while True:
+        done = proc.poll() is not None
+        p = _read_progress(progress)
+        if p and isinstance(p.get("step"), int) and (not samples or p["step"] != samples[-1][0]):
+            samples.append((p["step"], float(p["time_unix"])))
+            out.put("progress", {"samples": samples, "first_step_s": p.get("first_step_s")})
+        if done:
+            return samples, cut
+        if time.monotonic() > deadline:
+            cut = "its deadline"
+        elif cut_after_steps is not None and samples and samples[-1][0] >= cut_after_steps \
+                and sum(st >= TRAINER_WARM_STEP for st, _ in samples) >= 2:
+            cut = f"--cut-after-steps {cut_after_steps}"
+        if cut:
+            _stop_group(proc)
+            return samples, cut
+        time.sleep(0.2)
+
+
+def phase_trainer(args: argparse.Namespace, device: Any, out: Partial, lab_mode: bool = False) -> None:
+    """The real trainer CLI on synthetic tokens; what the paid run will see. Its figures come from what it
+    wrote while it ran (the progress file, its MLflow store), so a run stopped at the phase's deadline keeps
+    the steps it finished. Compiled in mode ``default`` (it compiles within its budget from a cold cache), or with
+    ``lab_mode`` in the config's own mode (the lab's max-autotune, with its compile time)."""
+    from x1_pretrain.model import flops
+
     smoke = device.type != "cuda"
     steps = args.trainer_steps or (6 if smoke else 25)
-    sets = trainer_sets(smoke)
+    sets = trainer_sets(smoke) + ([] if lab_mode else ["train.compile_mode=default"])
     cfg = load_config(args.config, tiny=False, sets=sets)
+    if lab_mode and cfg.train.compile_mode == "default":
+        out.put("ok", True)
+        out.put("skipped", "the config's compile mode is default: measured by the trainer phase already")
+        return
     # under the orchestrator's scratch dir (X1_GPU_CHECK_TMP), which it removes even when this phase is killed
     work = Path(tempfile.mkdtemp(prefix="x1-gpu-check-trainer-", dir=os.environ.get("X1_GPU_CHECK_TMP")))
+    t0 = time.monotonic()
     try:
         # two passes' worth of ids, within [1 Mi, 64 Mi] tokens: a longer run wraps around (synthetic anyway)
         synthetic_data(work / "data", cfg, min(max((steps + 1) * cfg.tokens_per_step() * 2, 1 << 20), 1 << 26))
@@ -337,26 +426,47 @@ def phase_trainer(args: argparse.Namespace, device: Any, out: Partial) -> None:
                str(work / "data"), "--ckpt-dir", str(work / "ckpt"), "--mlflow-uri", (work / "mlruns").as_uri(),
                "--total-steps", str(steps)] + [a for s in sets for a in ("--set", s)]
         out.put("command", " ".join(cmd))
+        out.put("steps", steps)
+        out.put("tokens_per_step", cfg.tokens_per_step())
         env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true", "PYTHONPATH": str(REPO / "src")}
-        t0 = time.monotonic()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+        with open(work / "trainer.log", "w") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                    start_new_session=True)
+            samples, cut = watch_trainer(proc, work / "ckpt" / "progress.json",
+                                         t0 + max(args.phase_budget_s - TRAINER_READ_MARGIN_S, 1.0),
+                                         args.cut_after_steps, out)
         out.put("wall_s", time.monotonic() - t0)
-        print(proc.stdout[-6000:], proc.stderr[-4000:], sep="\n", flush=True)
+        print((work / "trainer.log").read_text(errors="replace")[-8000:], flush=True)
         metrics, tags = read_mlflow_file_store(work / "mlruns")
         keep = ("train/tokens_per_s", "train/mfu", "train/mfu_lab_6n", "train/step_time_s", "train/peak_mem_gib",
                 "train/first_step_s", "train/loss")
         out.put("metrics", {k: metrics[k] for k in keep if k in metrics})
         out.put("tags", {k: v for k, v in tags.items() if k in ("compile_mode_effective", "attention_effective",
                                                                  "kernels", "compile_fallback")})
-        out.put("steps", steps)
-        out.put("tokens_per_step", cfg.tokens_per_step())
-        out.put("exit_code", proc.returncode)
-        out.put("ok", proc.returncode == 0 and "train/tokens_per_s" in metrics and "compile_fallback" not in tags)
-        if proc.returncode != 0:
-            out.put("why", f"the trainer exited {proc.returncode}: "
-                           + (proc.stderr.strip().splitlines() or ["no output"])[-1][:200])
+        fpt = flops.flops_per_token(cfg.model)
+        peak = flops.peak_tflops(torch_device_name(device))
+        figures = trainer_figures(samples, cfg.tokens_per_step(), fpt.honest, fpt.lab_6n, peak, steps)
+        first = (_read_progress(work / "ckpt" / "progress.json") or {}).get("first_step_s")
+        out.put("figures", {**figures, "first_step_s": first, "steps_done": samples[-1][0] if samples else 0})
+        out.put("cut", cut)
+        out.put("exit_code", proc.returncode if cut is None else None)
+        # a finished run has the trainer's own figures even if the progress file was read too rarely for a speed
+        measured = bool(figures) or (cut is None and "train/tokens_per_s" in metrics)
+        ok = measured and "compile_fallback" not in tags and (cut is not None or proc.returncode == 0)
+        out.put("ok", ok)
+        if not ok:
+            out.put("why", "the trainer fell back to eager: " + tags["compile_fallback"][:200]
+                    if "compile_fallback" in tags else
+                    f"the trainer exited {proc.returncode}" if cut is None and proc.returncode != 0 else
+                    f"cut by {cut} before two warm progress records (step >= {TRAINER_WARM_STEP})")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def torch_device_name(device: Any) -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
 def time_micro_steps(forward: Any, optimizer: Any, cfg: Any, device: Any, measure_s: float,
@@ -608,7 +718,8 @@ def run_child(phase: str, args: argparse.Namespace, timeout_s: float, log: Path,
     cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--config", str(args.config),
            "--max-steps", str(args.max_steps), "--measure-s", str(args.measure_s), "--trainer-steps",
            str(args.trainer_steps), "--phase-budget-s", f"{max(timeout_s - 10.0, 5.0):.0f}",
-           "--result-file", str(result_file)]
+           "--result-file", str(result_file)] + (["--cut-after-steps", str(args.cut_after_steps)]
+                                                 if args.cut_after_steps else [])
     t0 = time.monotonic()
     with open(log, "a") as logf:
         logf.write(f"\n===== {phase} (at most {timeout_s:.0f} s) =====\n")
@@ -630,11 +741,20 @@ def run_child(phase: str, args: argparse.Namespace, timeout_s: float, log: Path,
         status = f"timed out after {timeout_s:.0f} s (partial results kept)"
     elif code != 0:
         status = f"FAILED (exit {code}): {_last_error(log)}"
-    elif not data.get("ok"):
-        status = "FAILED: " + (data.get("why") or "a check did not pass (see the table)")
     else:
-        status = "ok"
+        status = phase_status(data, "ok")
     return Result(phase, status, data, wall)
+
+
+def phase_status(data: dict[str, Any], ok: str) -> str:
+    """A finished phase's status: ``ok``, or FAILED with why; a trainer stopped at its deadline says so."""
+    cut = ""
+    if data.get("cut"):
+        fig = data.get("figures", {})
+        cut = f"cut by {data['cut']} after {fig.get('steps_done', 0)} of {data.get('steps', '?')} steps"
+    if not data.get("ok"):
+        return "FAILED: " + (data.get("why") or "a check did not pass (see the table)") + (f" ({cut})" if cut else "")
+    return f"{ok} ({cut}; figures from those)" if cut else ok
 
 
 def _last_error(log: Path) -> str:
@@ -651,8 +771,7 @@ def run_in_process(phase: str, args: argparse.Namespace, device: Any) -> Result:
     t0 = time.monotonic()
     try:
         run_phase(phase, args, device, out)
-        status = "ok (smoke)" if out.data.get("ok") else \
-            "FAILED: " + (out.data.get("why") or "a check did not pass (see the table)")
+        status = phase_status(out.data, "ok (smoke)")
     except Exception as e:  # a smoke failure is a bug in this code: report it, go on
         status = f"FAILED: {type(e).__name__}: {e}"
     return Result(phase, status, out.data, time.monotonic() - t0)
@@ -666,8 +785,8 @@ def run_phase(phase: str, args: argparse.Namespace, device: Any, out: Partial) -
         phase_graph_breaks(cfg, device, out)
     elif phase == "bf16-vs-fp32":
         phase_bf16_vs_fp32(cfg, device, out)
-    elif phase == "trainer":
-        phase_trainer(args, device, out)
+    elif phase in ("trainer", "trainer-lab-mode"):
+        phase_trainer(args, device, out, lab_mode=phase == "trainer-lab-mode")
     elif phase in ("ab-eager", "ab-compiled"):
         phase_ab(args, device, out, compiled=phase == "ab-compiled")
     elif phase == "profile":
@@ -697,8 +816,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     results.append(Result("report", "ok", {}, time.monotonic() - started))
     if not cuda:
         print("[gpu_check] no GPU detected: a CPU smoke test of every phase on a tiny config", flush=True)
-        for phase, _ in PHASES:
-            if phase == "ab-compiled":
+        for phase, limit in phase_limits(args):
+            args.phase_budget_s = limit
+            if phase in ("ab-compiled", "trainer-lab-mode"):
                 results.append(Result(phase, "skipped: no compilation on the CPU smoke", {}, 0.0))
                 continue
             results.append(run_in_process(phase, args, device))
@@ -709,10 +829,11 @@ def orchestrate(args: argparse.Namespace) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
     scratch = Path(tempfile.mkdtemp(prefix="x1-gpu-check-"))
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"), "X1_GPU_CHECK_TMP": str(scratch),
+    # the trainer's own Inductor cache (training/device.py): what the phases compile, the paid run finds warm
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(), "X1_GPU_CHECK_TMP": str(scratch),
            "PYTHONPATH": str(REPO / "src"),
            "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")}
-    for phase, limit in PHASES:
+    for phase, limit in phase_limits(args):
         left = args.deadline_s - (time.monotonic() - started) - 5.0
         if left < 15:
             results.append(Result(phase, "skipped: --deadline-s reached", {}, 0.0))
@@ -726,9 +847,24 @@ def orchestrate(args: argparse.Namespace) -> int:
     return finish(args, info, results, cuda, started)
 
 
+def phase_limits(args: argparse.Namespace) -> list[tuple[str, float]]:
+    """PHASES with the --phase-s overrides."""
+    return [(name, args.phase_s.get(name, limit)) for name, limit in PHASES]
+
+
+def inductor_cache_dir() -> str:
+    from x1_pretrain.training.device import inductor_cache
+
+    return str(inductor_cache())
+
+
 def finish(args: argparse.Namespace, info: dict[str, Any], results: list[Result], cuda: bool, started: float) -> int:
     table = write_outputs(args, info, results, cuda, started)
     print(table, flush=True)
+    cut = [r.phase for r in results if "cut by" in r.status or r.status.startswith("timed out")]
+    if cut:
+        print(f"[gpu_check] phases cut by their deadline (what they measured is kept): {', '.join(cut)}; give them "
+              "more with --phase-s NAME=SECONDS", flush=True)
     if args.out:
         print(f"[gpu_check] written: {args.out} and {args.out.with_suffix('.json')}", flush=True)
     failed = [r.phase for r in results if r.status.startswith(("FAILED", "timed out"))]
@@ -768,6 +904,21 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_phase_s(items: list[str]) -> dict[str, float]:
+    names = [n for n, _ in PHASES]
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if name not in names or not seconds > 0:
+            raise ValueError(f"{item!r} is not NAME=SECONDS with NAME one of {', '.join(names)} and SECONDS > 0")
+        out[name] = seconds
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, help="markdown report to write (also printed); the JSON goes beside it")
@@ -777,10 +928,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--measure-s", type=float, default=3.0, help="timed seconds per A/B variant at most")
     p.add_argument("--trainer-steps", type=int, default=0,
                    help="optimizer steps of the real trainer phase (default 25 on a GPU, 6 in the CPU smoke)")
+    p.add_argument("--phase-s", action="append", default=[], metavar="NAME=SECONDS",
+                   help="a phase's deadline instead of its default (repeatable): " +
+                        ", ".join(f"{n}={s:g}" for n, s in PHASES))
+    p.add_argument("--cut-after-steps", type=int, help=argparse.SUPPRESS)   # tests: cut the trainer at a step
     p.add_argument("--phase", default="all", help=argparse.SUPPRESS)
     p.add_argument("--phase-budget-s", type=float, default=60.0, help=argparse.SUPPRESS)
     p.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    try:
+        args.phase_s = parse_phase_s(args.phase_s)
+    except ValueError as e:
+        print(f"error: --phase-s: {e}", file=sys.stderr)
+        return 2
     if not args.config.is_file():
         print(f"error: --config {args.config}: no such file (run from the x1 checkout, or pass --config)",
               file=sys.stderr)

@@ -53,22 +53,33 @@ def _bf16(r: Any) -> list[str]:
 
 def _trainer(r: Any, smoke: bool) -> list[str]:
     d = r.data
-    m, tags = d.get("metrics", {}), d.get("tags", {})
-    lines = [f"## The real trainer: `python -m x1_pretrain.train`, {d.get('steps', '?')} steps on synthetic tokens — "
-             f"{_status(r)}", "",
-             "| tokens/s (warm) | MFU honest | MFU lab 6N | s / optimizer step | first step s (compile) | "
-             "peak mem GiB | compile mode | attention | exit |", "|---|---|---|---|---|---|---|---|---|",
-             f"| {_fmt(m.get('train/tokens_per_s'), ',.0f')} | {_fmt(m.get('train/mfu'), '.3f')} | "
-             f"{_fmt(m.get('train/mfu_lab_6n'), '.3f')} | {_fmt(m.get('train/step_time_s'), '.3f')} | "
-             f"{_fmt(m.get('train/first_step_s'), '.1f')} | {_fmt(m.get('train/peak_mem_gib'), '.1f')} | "
-             f"{tags.get('compile_mode_effective', '—')} | {tags.get('attention_effective', '—')} | "
-             f"{d.get('exit_code', '—')} |", ""]
+    m, tags, fig = d.get("metrics", {}), d.get("tags", {}), d.get("figures", {})
+    what = "the config's own compile mode" if r.phase == "trainer-lab-mode" else "compile mode default"
+    lines = [f"## The real trainer ({what}): `python -m x1_pretrain.train`, {fig.get('steps_done', '?')} of "
+             f"{d.get('steps', '?')} steps on synthetic tokens — {_status(r)}", ""]
+    if d.get("skipped"):
+        return [*lines[:1], "", f"Skipped: {d['skipped']}."]
+    # the warm speed from the progress file (kept when the phase is cut); the trainer's own figures beside it
+    lines += ["| tokens/s (warm) | MFU honest | MFU lab 6N | s / optimizer step | first step s (compile) | "
+              "peak mem GiB | compile mode | attention | exit |", "|---|---|---|---|---|---|---|---|---|",
+              f"| {_fmt(fig.get('tokens_per_s', m.get('train/tokens_per_s')), ',.0f')} | "
+              f"{_fmt(fig.get('mfu', m.get('train/mfu')), '.3f')} | "
+              f"{_fmt(fig.get('mfu_lab_6n', m.get('train/mfu_lab_6n')), '.3f')} | "
+              f"{_fmt(fig.get('step_s', m.get('train/step_time_s')), '.3f')} | "
+              f"{_fmt(fig.get('first_step_s', m.get('train/first_step_s')), '.1f')} | "
+              f"{_fmt(m.get('train/peak_mem_gib'), '.1f')} | "
+              f"{tags.get('compile_mode_effective', '—')} | {tags.get('attention_effective', '—')} | "
+              f"{d.get('exit_code') if d.get('exit_code') is not None else 'stopped: ' + str(d.get('cut'))} |", ""]
+    if m.get("train/tokens_per_s") and fig.get("tokens_per_s"):
+        lines.append(f"The trainer's own last logged window: {m['train/tokens_per_s']:,.0f} tokens/s, MFU "
+                     f"{_fmt(m.get('train/mfu'), '.3f')}; the table's speed is over the {fig.get('warm_steps', '?')} "
+                     "warm steps of the progress file.")
     if tags.get("kernels"):
         lines.append(f"Kernels: {tags['kernels']}.")
     if tags.get("compile_fallback"):
         lines.append(f"**torch.compile failed and the trainer fell back to eager**: {tags['compile_fallback']}")
-    step_s = m.get("train/step_time_s")
-    if step_s and not smoke and r.status == "ok":
+    step_s = fig.get("step_s") or m.get("train/step_time_s")
+    if step_s and not smoke and r.status.startswith("ok"):
         per_day = int(24 * 3600 / step_s)
         lines.append(f"At {step_s:.3f} s per optimizer step of {d.get('tokens_per_step', 0):,} tokens: ~{per_day:,} "
                      f"steps in 24 h. For the launch gate on this GPU: `--budget-expected-step-s {step_s:.3f}`.")
@@ -120,7 +131,7 @@ def markdown(info: dict[str, Any], results: list[Any], smoke: bool, total_s: flo
     render = {"grads": _grads, "graph-breaks": _breaks, "bf16-vs-fp32": _bf16, "ab-eager": _ab, "ab-compiled": _ab,
               "profile": _profile}
     for r in results:
-        if r.phase == "trainer":
+        if r.phase in ("trainer", "trainer-lab-mode") and r.data:
             lines += [*_trainer(r, smoke), ""]
         elif r.phase in render and r.data:
             lines += [*render[r.phase](r), ""]

@@ -34,8 +34,8 @@ def test_without_a_gpu_every_phase_runs_as_a_smoke_and_it_exits_0(tmp_path):
     assert "No CUDA GPU detected" in table and "| torch |" in table
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     phases = {p["phase"]: p for p in report["phases"]}
-    assert list(phases) == ["report", "grads", "graph-breaks", "bf16-vs-fp32", "trainer", "ab-eager", "ab-compiled",
-                            "profile"]
+    assert list(phases) == ["report", "trainer", "grads", "graph-breaks", "bf16-vs-fp32", "ab-eager", "ab-compiled",
+                            "profile", "trainer-lab-mode"]
     assert report["smoke"] is True
     assert all(p["status"].startswith(("ok", "skipped")) for p in phases.values()), phases
     trainer = phases["trainer"]["data"]
@@ -67,24 +67,79 @@ def test_a_gpu_the_driver_sees_but_torch_cannot_use_fails_the_check(tmp_path):
     assert report["phases"][0]["status"].startswith("FAILED")
 
 
-def test_a_phase_past_its_deadline_is_killed_and_keeps_what_it_measured(tmp_path):
+def _gpu_check():
     sys.path.insert(0, str(BENCH))
     try:
         import gpu_check
     finally:
         sys.path.remove(str(BENCH))
-    # 5,000 tiny steps (over 50 ms each here) cannot end within the deadline, and 30 s leave time for the imports
-    # and the synthetic data (about 1.5 s idle) even on a loaded machine: the kill lands while the trainer runs
-    args = argparse.Namespace(config=gpu_check.LAB_CONFIG, max_steps=4, measure_s=1.0, trainer_steps=5_000)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "X1_GPU_CHECK_TMP": str(tmp_path)}   # the killed phase's scratch
+    return gpu_check
+
+
+def _args(gpu_check, **kw) -> argparse.Namespace:
+    base = dict(config=gpu_check.LAB_CONFIG, max_steps=4, measure_s=1.0, trainer_steps=5_000, cut_after_steps=None,
+                phase="trainer", phase_budget_s=60.0)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_the_trainer_phase_stopped_at_its_deadline_ends_itself_and_says_so(tmp_path):
+    """5,000 tiny steps cannot end within the phase: the phase stops the trainer itself (12 s before the
+    orchestrator's hard kill) and reports it as cut, whatever it had measured by then."""
+    gpu_check = _gpu_check()
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "X1_GPU_CHECK_TMP": str(tmp_path)}   # the phase's scratch
     log = tmp_path / "child.log"
     log.write_text("")
-    slow = gpu_check.run_child("trainer", args, timeout_s=30.0, log=log, env=env)
-    assert slow.status.startswith("timed out after 30 s") and slow.wall_s < 60
-    assert "-m x1_pretrain.train" in slow.data.get("command", "")                  # written before the trainer ran
-    assert "--total-steps 5000" in slow.data["command"]
-    done = gpu_check.run_child("graph-breaks", args, timeout_s=120.0, log=log, env=env)
+    slow = gpu_check.run_child("trainer", _args(gpu_check), timeout_s=45.0, log=log, env=env)
+    assert "cut by its deadline" in slow.status and "of 5000 steps" in slow.status, slow.status
+    assert slow.wall_s < 45                       # it ended itself: the orchestrator's kill was not needed
+    assert "--total-steps 5000" in slow.data["command"] and slow.data["cut"] == "its deadline"
+    assert not list(tmp_path.glob("x1-gpu-check-trainer-*"))   # its scratch removed
+    done = gpu_check.run_child("graph-breaks", _args(gpu_check), timeout_s=120.0, log=log, env=env)
     assert done.status == "ok" and done.data["rows"][0]["breaks"] == 0
+
+
+def test_a_cut_trainer_keeps_its_warm_speed_mfu_and_step_time(tmp_path, monkeypatch):
+    """The trainer stopped once it reported step 15 (the event the test waits on; a deadline takes the same path):
+    its warm speed, step time and first-step time come from the progress file it wrote while it ran."""
+    gpu_check = _gpu_check()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("X1_GPU_CHECK_TMP", str(tmp_path))
+    import torch
+
+    out = gpu_check.Partial(tmp_path / "result.json")
+    gpu_check.phase_trainer(_args(gpu_check, cut_after_steps=15, phase_budget_s=600.0), torch.device("cpu"), out)
+    d = json.loads((tmp_path / "result.json").read_text())
+    fig = d["figures"]
+    assert d["cut"] == "--cut-after-steps 15" and d["ok"] is True and d["exit_code"] is None
+    assert fig["steps_done"] >= 15 and fig["tokens_per_s"] > 0 and fig["first_step_s"] > 0
+    assert fig["step_s"] == pytest.approx(d["tokens_per_step"] / fig["tokens_per_s"])
+    assert "cut by --cut-after-steps 15 after" in gpu_check.phase_status(d, "ok") and "of 5000 steps" in \
+        gpu_check.phase_status(d, "ok")
+
+
+def test_trainer_figures_from_progress_samples():
+    """Steps 1 (compile) and 2 are not warm; from step 5 at t=10 s to step 15 at t=30 s: 2 s a step."""
+    gpu_check = _gpu_check()
+    samples = [(1, 0.0), (2, 6.0), (5, 10.0), (10, 20.0), (15, 30.0)]
+    fig = gpu_check.trainer_figures(samples, tokens_per_step=1000, flops_honest=6_000, flops_lab=3_000,
+                                    peak_tflops=1e-6)
+    assert fig["step_s"] == 2.0 and fig["tokens_per_s"] == 500.0 and fig["warm_steps"] == 10
+    assert fig["mfu"] == pytest.approx(500 * 6_000 / 1e6) and fig["mfu_lab_6n"] == pytest.approx(fig["mfu"] / 2)
+    assert gpu_check.trainer_figures(samples[:3], 1000, 6_000, 3_000, None) == {}   # one warm sample: no speed
+    assert "mfu" not in gpu_check.trainer_figures(samples, 1000, 6_000, 3_000, None)
+    # the run's last step (after its final val loss and checkpoint) is left out where two warm samples remain
+    slow_end = [(5, 10.0), (10, 20.0), (15, 40.0)]
+    assert gpu_check.trainer_figures(slow_end, 1000, 6_000, 3_000, None, last_step=15)["step_s"] == 2.0
+    assert gpu_check.trainer_figures(slow_end, 1000, 6_000, 3_000, None)["step_s"] == 3.0
+    assert gpu_check.trainer_figures(slow_end[::2], 1000, 6_000, 3_000, None, last_step=15)["step_s"] == 3.0
+
+
+def test_phase_deadlines_are_overridden_by_name(capsys):
+    gpu_check = _gpu_check()
+    assert gpu_check.parse_phase_s(["trainer=300", "profile=10"]) == {"trainer": 300.0, "profile": 10.0}
+    assert gpu_check.main(["--phase-s", "trainr=300"]) == 2
+    assert "one of trainer, grads" in capsys.readouterr().err
+    assert gpu_check.main(["--phase-s", "trainer=-1"]) == 2
 
 
 @pytest.mark.parametrize("name,group", [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM"),
@@ -95,9 +150,4 @@ def test_a_phase_past_its_deadline_is_killed_and_keeps_what_it_measured(tmp_path
                                         ("void at::native::multi_tensor_apply_kernel<FusedAdamW>", "optimizer"),
                                         ("triton_poi_fused_add_mul_silu_3", "elementwise/other")])
 def test_profile_groups_kernel_names(name, group):
-    sys.path.insert(0, str(BENCH))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(BENCH))
-    assert gpu_check.kernel_group(name) == group
+    assert _gpu_check().kernel_group(name) == group

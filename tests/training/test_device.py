@@ -137,3 +137,26 @@ def test_the_attention_tag_names_the_kernel_sdpa_dispatches_to():
         assert attention_effective(model, "bf16") == "sdpa:math"
     model.set_attention(True)
     assert attention_effective(model, "bf16") == "flash-attn"
+
+
+def test_compiling_uses_the_x1_cache_and_shares_the_hosts_cpus_between_its_ranks(monkeypatch, tmp_path):
+    """Eight ranks on a 16-CPU host get 2 compile threads each; the cache is x1's, on the persistent disk, unless
+    the user set one; an explicit thread count is kept."""
+    import torch._inductor.config as inductor_config
+
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS", "TORCHINDUCTOR_FX_GRAPH_CACHE",
+                "TORCHINDUCTOR_AUTOGRAD_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("X1_CACHE_DIR", str(tmp_path / "x1cache"))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setattr(D.os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)   # restored after
+    log: list[str] = []
+    D.prepare_compile(log.append)
+    assert D.os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "x1cache" / "inductor")
+    assert D.os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "2" and inductor_config.compile_threads == 2
+    assert "2 compile threads for each of the 8 ranks" in log[-1]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "5")
+    D.prepare_compile(log.append)
+    assert D.os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine") and inductor_config.compile_threads == 5

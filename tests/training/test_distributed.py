@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -117,3 +118,27 @@ def test_a_usage_error_under_torchrun_is_not_relaunched(demo_data, tmp_path):
     assert r.returncode == 2, (r.stdout + r.stderr)[-3000:]
     assert "relaunching with --resume-from-latest" not in r.stderr
     assert not ckpt.exists()
+
+
+def test_two_ranks_under_torch_compile_match_one_eager_process(demo_data, tmp_path):
+    """DDP + torch.compile (mode default, gloo, a cold private Inductor cache): the same losses as one eager
+    process with the same global batch, to 1e-4; no fallback to eager; each rank compiles with its share of the
+    host's CPUs."""
+    steps, micro = 3, ("--set", "train.micro_batch_size=4")
+    one = tmp_path / "one"
+    r = subprocess.run(train_cmd(demo_data, one, steps), capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-2000:]
+    two = tmp_path / "two"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
+    r = subprocess.run(ddp_cmd(demo_data, two, steps, *micro, "--compile", "--set", "train.compile_mode=default"),
+                       capture_output=True, text=True, cwd=REPO, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "torch.compile failed" not in out and "torch.compile mode=default" in out
+    cpus = len(os.sched_getaffinity(0))
+    assert f"{max(1, cpus // 2)} compile threads for each of the 2 ranks" in out
+    l1, l2 = losses(one), losses(two)
+    assert set(l1) == set(l2) == set(range(1, steps + 1))
+    for s in l1:
+        assert abs(l1[s] - l2[s]) <= 1e-4 * abs(l1[s]), (s, l1[s], l2[s])

@@ -129,6 +129,7 @@ def test_the_trainer_logs_task_scores_to_mlflow(demo_data, tmp_path):
     client, runs = run_info(ckpt)
     rid = runs[0].info.run_id
     acc = {m.step: m.value for m in client.get_metric_history(rid, "eval/piqa/acc")}
-    assert sorted(acc) == [2, 4] and all(v in (0.0, 0.25, 0.5, 0.75, 1.0) for v in acc.values())
+    # a share of the 4 items (3 at seq_len 32: one PIQA answer alone is longer and is skipped, as the harness would)
+    assert sorted(acc) == [2, 4] and all(any(abs(v * n - round(v * n)) < 1e-9 for n in (3, 4)) for v in acc.values())
     assert [m.step for m in client.get_metric_history(rid, "eval/winogrande/acc")] == [2, 4]
     assert client.get_metric_history(rid, "eval/winogrande/acc_norm") == []

@@ -257,6 +257,39 @@ def eager_modules(model: Any) -> Iterator[None]:
             m._compiled_call_impl = compiled
 
 
+def inductor_cache() -> Any:
+    """Where Inductor keeps what it compiled: ``$TORCHINDUCTOR_CACHE_DIR``, else ``<x1 cache>/inductor``
+    (``~/.cache/x1_pretrain/inductor``) rather than torch's ``/tmp/torchinductor_<user>``: on the persistent disk,
+    so a restart, a relaunch by the watchdog and the paid run after ``bench/gpu_check.sh`` find it warm."""
+    from pathlib import Path
+
+    from ..data.tokenizer import cache_dir
+
+    return Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or cache_dir() / "inductor")
+
+
+def prepare_compile(log: Log) -> None:
+    """Before compiling: Inductor (and its FX-graph and AOTAutograd caches) at :func:`inductor_cache`, and its
+    compile workers shared out between the ranks of this host (``LOCAL_WORLD_SIZE``), so that eight ranks do not
+    each start a pool as large as the machine. An explicit ``TORCHINDUCTOR_COMPILE_THREADS`` is kept."""
+    path = inductor_cache()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    threads = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
+    if threads is None and ranks > 1:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = str(max(1, cpus // ranks))
+        os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = threads
+    if threads is not None:
+        with contextlib.suppress(ImportError, AttributeError):
+            import torch._inductor.config as inductor_config
+            inductor_config.compile_threads = int(threads)
+    log(f"torch.compile cache: {path} (warm after a first compile of this config on this machine)"
+        + (f"; {threads} compile threads for each of the {ranks} ranks on this host" if ranks > 1 else ""))
+
+
 def compile_model(model: Any, forward: Any, mode: str, scope: str, log: Log) -> CompileFallback:
     """torch.compile as ``train.compile_scope`` says: ``model`` compiles what forward runs as one graph;
     ``blocks`` compiles each transformer block on its own with ``fullgraph=True`` (a graph break is an error,
@@ -264,6 +297,7 @@ def compile_model(model: Any, forward: Any, mode: str, scope: str, log: Log) -> 
     embedding and the one-pass loss eager."""
     import torch
 
+    prepare_compile(log)
     if scope == "blocks":
         for block in model.model.layers:
             block.compile(mode=mode, fullgraph=True)
