@@ -432,8 +432,10 @@ def phase_trainer(args: argparse.Namespace, device: Any, out: Partial, lab_mode:
         with open(work / "trainer.log", "w") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                     start_new_session=True)
-            samples, cut = watch_trainer(proc, work / "ckpt" / "progress.json",
-                                         t0 + max(args.phase_budget_s - TRAINER_READ_MARGIN_S, 1.0),
+            # the phase's budget counts from its process's start (its imports included), as the orchestrator's
+            started = getattr(args, "started_unix", None) or time.time()
+            left = started + args.phase_budget_s - TRAINER_READ_MARGIN_S - time.time()
+            samples, cut = watch_trainer(proc, work / "ckpt" / "progress.json", t0 + max(left, 1.0),
                                          args.cut_after_steps, out)
         out.put("wall_s", time.monotonic() - t0)
         print((work / "trainer.log").read_text(errors="replace")[-8000:], flush=True)
@@ -718,8 +720,8 @@ def run_child(phase: str, args: argparse.Namespace, timeout_s: float, log: Path,
     cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--config", str(args.config),
            "--max-steps", str(args.max_steps), "--measure-s", str(args.measure_s), "--trainer-steps",
            str(args.trainer_steps), "--phase-budget-s", f"{max(timeout_s - 10.0, 5.0):.0f}",
-           "--result-file", str(result_file)] + (["--cut-after-steps", str(args.cut_after_steps)]
-                                                 if args.cut_after_steps else [])
+           "--result-file", str(result_file), "--started-unix", f"{time.time():.3f}"] + \
+        (["--cut-after-steps", str(args.cut_after_steps)] if args.cut_after_steps else [])
     t0 = time.monotonic()
     with open(log, "a") as logf:
         logf.write(f"\n===== {phase} (at most {timeout_s:.0f} s) =====\n")
@@ -932,6 +934,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a phase's deadline instead of its default (repeatable): " +
                         ", ".join(f"{n}={s:g}" for n, s in PHASES))
     p.add_argument("--cut-after-steps", type=int, help=argparse.SUPPRESS)   # tests: cut the trainer at a step
+    p.add_argument("--started-unix", type=float, help=argparse.SUPPRESS)    # when the orchestrator started it
     p.add_argument("--phase", default="all", help=argparse.SUPPRESS)
     p.add_argument("--phase-budget-s", type=float, default=60.0, help=argparse.SUPPRESS)
     p.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)

@@ -112,7 +112,7 @@ def test_a_cut_trainer_keeps_its_warm_speed_mfu_and_step_time(tmp_path, monkeypa
     fig = d["figures"]
     assert d["cut"] == "--cut-after-steps 15" and d["ok"] is True and d["exit_code"] is None
     assert fig["steps_done"] >= 15 and fig["tokens_per_s"] > 0 and fig["first_step_s"] > 0
-    assert fig["step_s"] == pytest.approx(d["tokens_per_step"] / fig["tokens_per_s"])
+    assert fig["warm_steps"] >= 5      # two warm progress records at least (written every 5 steps)
     assert "cut by --cut-after-steps 15 after" in gpu_check.phase_status(d, "ok") and "of 5000 steps" in \
         gpu_check.phase_status(d, "ok")
 

@@ -18,13 +18,13 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from .budget.money import EvalCost, Lines, steps_that_fit
+from .budget.money import Lines, steps_that_fit
 from .budget.plan_text import render
 from .budget.planner import GPUS, Ask, Plan, make_plan
 from .core import config as C
 from .core.cli import guarded
 from .core.errors import X1Error
-from .training.options import add_budget_flags, add_eval_task_flags, budget_overrides, eval_task_overrides
+from .training.options import add_budget_flags, add_eval_task_flags, budget_overrides, eval_cost, eval_task_overrides
 from .training.schedule import planned
 
 
@@ -82,18 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return guarded(body)
-
-
-def eval_cost(cfg: C.Config) -> EvalCost:
-    """The config's in-loop task evaluations, estimated from their size (evals/cost.py)."""
-    t = cfg.train
-    if not t.eval_tasks.strip():
-        return EvalCost()
-    from .evals.cost import eval_in_steps
-    from .evals.sets import task_list
-
-    return EvalCost(every=t.eval_tasks_every, cap_s=t.eval_tasks_max_s,
-                    in_steps=eval_in_steps(task_list(t.eval_tasks), t.eval_tasks_limit, cfg.tokens_per_step()))
 
 
 def fitted_text(plan: Plan) -> str:

@@ -126,7 +126,8 @@ def test_every_kernel_switch_traces_as_one_graph(variant, bf16):
         assert (e.graph_count, e.graph_break_count) == (1, 0), [str(b.reason) for b in e.break_reasons]
 
 
-def test_block_scope_compiles_each_block_fullgraph_and_a_failure_goes_back_to_eager():
+def test_block_scope_compiles_each_block_fullgraph_and_a_failure_goes_back_to_eager(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))   # not the user's cache
     cfg = C.load(TINY, sets=["model.seq_len=16"])
     torch.manual_seed(0)
     model = Transformer(cfg.model)
@@ -148,7 +149,7 @@ def test_block_scope_compiles_each_block_fullgraph_and_a_failure_goes_back_to_ea
         got = forward(x, torch.roll(x, 1, 1))
     assert torch.equal(got, expected)
     assert all(b._compiled_call_impl is None for b in model.model.layers)
-    assert reports == ["RuntimeError: Unsupported: graph break in fullgraph mode"] and "EAGERLY" in logs[0]
+    assert reports == ["RuntimeError: Unsupported: graph break in fullgraph mode"] and "EAGERLY" in logs[-1]
 
 
 def test_compiled_flash_attn_that_breaks_graphs_is_swapped_for_sdpa(monkeypatch):
@@ -251,3 +252,34 @@ def test_a_backward_compile_failure_redoes_the_step_eagerly_like_a_forward_failu
     assert reports == ["RuntimeError in the backward: BackendCompilerFailed: backend='inductor' raised: "
                        "LoweringException in the backward"]
     assert len(logs) == 1 and "EAGERLY" in logs[0]
+
+
+def test_a_backward_failure_that_is_not_the_compilers_passes_through_and_ddp_stops_with_the_fix():
+    """A lost peer in the backward is not a compile failure: no fallback, the error as it is. Under DDP a backward
+    compile failure cannot be redone in the process (the gradient hooks fired part-way): reported, then exit 2
+    with the fix."""
+    from x1_pretrain.core.errors import X1Error
+
+    class Fails(torch.autograd.Function):
+        message = ""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            raise RuntimeError(Fails.message)
+
+    x = torch.ones(2, requires_grad=True)
+    logs, reports = [], []
+    f = CompileFallback(lambda *a: None, lambda *a: None, logs.append, reports.append)
+    Fails.message = "Connection closed by peer [127.0.0.1]:29500"
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        f.backward(Fails.apply(x).sum())
+    assert f.failed is None and reports == [] and logs == []
+    f.distributed = True
+    Fails.message = "BackendCompilerFailed: backend='inductor' raised: LoweringException"
+    with pytest.raises(X1Error, match=r"under DDP .* Relaunch with --no-compile"):
+        f.backward(Fails.apply(x).sum())
+    assert len(reports) == 1 and "in the backward" in reports[0] and "EAGERLY" in logs[0]

@@ -56,6 +56,15 @@ class EvalCost:
         """The periodic evaluations' share of each step."""
         return self.per_eval_s(step_s) / self.every if self.every > 0 else 0.0
 
+    def final_s(self, step_s: float) -> float:
+        """What the reserve holds for the evaluation at the end: the measured time once one has run whole, else
+        its time cap (an estimate from its size is not money one can count on), else the estimate."""
+        if not self.configured:
+            return 0.0
+        if self.measured_s is None and math.isfinite(self.cap_s):
+            return self.cap_s
+        return self.per_eval_s(step_s)
+
 
 @dataclass(frozen=True)
 class Money:

@@ -94,8 +94,7 @@ class BudgetMonitor:
 
     def progress(self) -> Progress:
         """What a check weighs: the steps done and to go, the speed, and the reserve's measured parts."""
-        final_eval = self.evals.per_eval_s(self.train_step_s) if self.train_step_s else \
-            (self.evals.measured_s or 0.0)
+        final_eval = self.evals.final_s(self.train_step_s or 0.0)
         return Progress(self.steps_done, self.total_steps, self.steps_per_hour, self.checkpoint_s, final_eval)
 
     def in_flight_s(self) -> float:

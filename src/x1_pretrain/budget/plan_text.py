@@ -49,7 +49,8 @@ def render(plan: Plan, config_path: str, steps_source: str) -> str:
     billed = f"({plan.hours:,.1f} h + {plan.setup_hours:g} h set-up)" if plan.setup_hours else f"{plan.hours:,.1f} h"
     rows = [(f"compute ({billed} x {_usd(plan.rate_usd_per_hr)}/h)", plan.compute_usd()),
             (f"final checkpoint, export, shutdown ({plan.reserve_min:g} min)", plan.reserve_usd),
-            *([(f"task eval at the end (~{plan.eval_s:,.0f} s)", plan.final_eval_usd)] if plan.eval_s else []),
+            *([(f"task eval at the end (at most {plan.final_eval_s:,.0f} s)", plan.final_eval_usd)]
+              if plan.eval_s else []),
             ("storage egress", plan.lines.egress_usd), ("persistent disk", plan.lines.disk_usd),
             ("buffer (1 restart)", plan.lines.buffer_usd), ("total", plan.total_usd())]
     out += ["", "cost"] + [f"  {name:<44}{_usd(v):>10}" for name, v in rows]
@@ -65,7 +66,7 @@ def eval_lines(plan: Plan) -> list[str]:
     if not plan.eval_s:
         return []
     t, e = plan.config.train, plan.evals
-    runs = (plan.steps // e.every if e.every else 0) + 1
+    runs = ((plan.steps - 1) // e.every if e.every else 0) + 1   # none on the schedule at the last step: the final
     hours = runs * plan.eval_s / 3600
     every = f"every {e.every:,} steps and " if e.every else ""
     items = f"first {t.eval_tasks_limit:,} items each" if t.eval_tasks_limit else "all items"
@@ -73,7 +74,7 @@ def eval_lines(plan: Plan) -> list[str]:
     return [f"  task evals   {t.eval_tasks} ({items}) {every}at the end: ~{plan.eval_s:,.0f} s each{capped} "
             f"(forward only, assumed at half the training speed),",
             f"               {runs:,} runs = {hours:,.2f} h, {_usd(hours * plan.rate_usd_per_hr)}; the one at the end "
-            "is in the reserve"]
+            f"is in the reserve at its time cap ({e.cap_s:g} s) until one has been timed"]
 
 
 def verdict(plan: Plan) -> str:

@@ -57,7 +57,7 @@ class Plan:
         """The plan in the one planner's terms (budget/money.py): nothing spent yet; the reserve holds the task
         evaluation at the end too."""
         return Money(self.cap_usd, self.rate_usd_per_hr, lines=self.lines, setup_hours=self.setup_hours,
-                     reserve_min=self.reserve_min + self.eval_s / 60)
+                     reserve_min=self.reserve_min + self.final_eval_s / 60)
 
     @property
     def train_step_s(self) -> float:
@@ -67,6 +67,11 @@ class Plan:
     def eval_s(self) -> float:
         """Seconds of one task evaluation (0 without train.eval_tasks)."""
         return self.evals.per_eval_s(self.train_step_s)
+
+    @property
+    def final_eval_s(self) -> float:
+        """What the reserve holds for the evaluation at the end (its time cap: none has been timed)."""
+        return self.evals.final_s(self.train_step_s)
 
     @property
     def step_s(self) -> float:
@@ -107,7 +112,7 @@ class Plan:
 
     @property
     def final_eval_usd(self) -> float:
-        return self.eval_s / 3600 * self.rate_usd_per_hr
+        return self.final_eval_s / 3600 * self.rate_usd_per_hr
 
     def total_usd(self, hours: float | None = None, buffer: bool = True) -> float:
         return self.money.total_usd(self.hours if hours is None else hours, buffer)

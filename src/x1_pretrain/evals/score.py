@@ -96,8 +96,10 @@ class Scorer:
         self.seq_len = int(model.config.seq_len)
         self.vocab = int(model.config.vocab_size)
         self.share_context = share_context and "positions" in inspect.signature(model.hidden).parameters
+        self.skipped: set[int] = set()   # of the last logliks call: requests whose continuation exceeds seq_len
 
     def _rows(self, requests: Sequence[tuple[str, str]]) -> tuple[list[_Row], int]:
+        self.skipped = set()
         groups: dict[str, list[int]] = {}
         for i, (context, _) in enumerate(requests):
             groups.setdefault(context, []).append(i)
@@ -114,7 +116,8 @@ class Scorer:
                 continue
             for i, c, cont in pairs:
                 if len(cont) > self.seq_len:
-                    continue    # no prediction of its first tokens is possible: NaN, the item is skipped
+                    self.skipped.add(i)   # no prediction of its first tokens is possible: NaN, the item skipped
+                    continue
                 whole = c + cont
                 if len(whole) > self.seq_len + 1:
                     truncated += 1
@@ -202,9 +205,10 @@ def score(task: str, items: list[Item], scorer: Scorer) -> TaskScore:
     at = 0
     for it in items:
         vals = lls[at:at + it.n_choices]
-        at += it.n_choices
-        if not all(math.isfinite(v) for v in vals):
+        if any(i in scorer.skipped for i in range(at, at + it.n_choices)):
+            at += it.n_choices
             continue
+        at += it.n_choices
         n += 1
         chance += 1 / it.n_choices
         hits += _argmax(vals) == it.gold

@@ -396,7 +396,9 @@ class Transformer(nn.Module):
                 raise ValueError(f"sequence of {T} tokens is longer than model.seq_len {self.config.seq_len}")
             cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         else:
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]   # an index past seq_len raises
+            if int(positions.max()) >= self.config.seq_len:   # on a GPU a bad index would be a device assert
+                raise ValueError(f"position {int(positions.max())} is past model.seq_len {self.config.seq_len}")
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         x = self.model.embed_tokens(idx)  # (B, T, C)
         if self.kernels.residual_dtype is not None:
             x = x.to(self.kernels.residual_dtype)

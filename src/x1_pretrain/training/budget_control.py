@@ -160,7 +160,7 @@ class BudgetControl(Callback):
             step_s = 3600 / m.steps_per_hour     # the task evaluations' share included
         elif fit.expected_step_s is not None:    # not measured yet: the expected step, the evaluations estimated
             step_s = fit.expected_step_s + m.evals.per_step_s(fit.expected_step_s)
-            progress = replace(progress, final_eval_s=m.evals.per_eval_s(fit.expected_step_s))
+            progress = replace(progress, final_eval_s=m.evals.final_s(fit.expected_step_s))
         else:
             step_s = None
         if step_s is None or decision.spent_usd is None:

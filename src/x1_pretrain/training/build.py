@@ -14,7 +14,6 @@ from typing import Any
 
 from ..budget import alerts
 from ..budget.gate import expected_step_s
-from ..budget.money import EvalCost
 from ..core import config as C
 from ..core import names as N
 from ..core import redact
@@ -40,7 +39,7 @@ from .device import (
 from .distributed import World
 from .loop import LoopState, Run, StopFlag
 from .optim import build_optimizer
-from .options import TrainOptions
+from .options import TrainOptions, eval_cost
 from .resume import Resume, find_resume, restore
 from .schedule import Horizon, planned
 from .spike import (
@@ -364,7 +363,6 @@ def _task_eval(ctx: Context) -> list[Any]:
     if not ctx.cfg.train.eval_tasks.strip() or not ctx.world.main:
         return []
     from ..data.tokenizer import load_gpt2
-    from ..evals.cost import eval_in_steps
     from ..evals.run import load_items
     from ..evals.sets import task_list
     from .task_eval import TaskEval
@@ -375,9 +373,7 @@ def _task_eval(ctx: Context) -> list[Any]:
     ctx.log(f"task eval: {', '.join(names)} ({sum(len(v) for v in items.values()):,} items) "
             + (f"every {t.eval_tasks_every} steps and " if t.eval_tasks_every else "") + "when the run ends, within "
             f"{t.eval_tasks_max_s:g} s each time")
-    estimate = EvalCost(every=t.eval_tasks_every, cap_s=t.eval_tasks_max_s,
-                        in_steps=eval_in_steps(names, t.eval_tasks_limit, ctx.cfg.tokens_per_step()))
-    return [TaskEval(items, load_gpt2().encode, ctx.log, alert_sender(ctx), estimate)]
+    return [TaskEval(items, load_gpt2().encode, ctx.log, alert_sender(ctx), eval_cost(ctx.cfg))]
 
 
 def _val_batches(ctx: Context, data: TokenData) -> list[Any]:
@@ -413,6 +409,7 @@ def build_run(ctx: Context) -> Built:
             log(why)
         log(f"torch.compile mode={mode}, scope {cfg.train.compile_scope} (first step includes compilation)")
         forward = fallback = compile_model(model, forward, mode, cfg.train.compile_scope, log)
+        fallback.distributed = ctx.world.size > 1
     chunks_per_step = cfg.train.batch_size // cfg.train.micro_batch_size
     sampler = Sampler(data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size, chunks_per_step)
     val_batches = _val_batches(ctx, data)

@@ -89,6 +89,16 @@ def effective_compile_mode(mode: str, micro_steps: int) -> tuple[str, str | None
     return mode, None
 
 
+def is_compile_error(e: BaseException) -> bool:
+    """Whether ``e`` comes from torch.compile's machinery (Dynamo, AOTAutograd, Inductor, Triton)."""
+    module = type(e).__module__ or ""
+    text = f"{type(e).__name__}: {e}"
+    if "out of memory" in text.lower():
+        return False
+    return module.startswith(("torch._dynamo", "torch._inductor", "torch._functorch", "triton")) or \
+        any(word in text for word in ("BackendCompilerFailed", "Inductor", "inductor", "dynamo", "Triton", "triton"))
+
+
 class CompileFellBack(Exception):
     """The compiled step failed after its forward (AOTAutograd compiles the backward at the first ``.backward()``):
     the loop redoes the step eagerly from its first micro-batch."""
@@ -104,6 +114,7 @@ class CompileFallback:
         self.compiled, self.eager, self.log, self.on_fallback = compiled, eager, log, on_fallback
         self.undo = undo    # for a compilation made in place (compile_scope blocks): back to eager
         self.failed: str | None = None
+        self.distributed = False   # under DDP a failed backward cannot be redone in this process (see backward)
 
     def __call__(self, *a: Any, **k: Any) -> Any:
         if self.failed is not None:
@@ -118,16 +129,23 @@ class CompileFallback:
 
     def backward(self, loss: Any) -> None:
         """``loss.backward()``; a failure while compiling the backward falls back to eager and raises
-        :class:`CompileFellBack` for the loop to redo the step (the gradients so far are not to be kept)."""
+        :class:`CompileFellBack` for the loop to redo the step (the gradients so far are not to be kept). Under
+        DDP the ranks' gradient hooks may have fired part-way, so the step cannot be redone in this process: the
+        failure is reported the same way and ends the run with exit 2 and the fix. Errors that are not the
+        compiler's (a lost peer, a CUDA fault, out of memory) pass through untouched."""
         if self.failed is not None:
             loss.backward()
             return
         try:
             loss.backward()
         except Exception as e:
-            if "out of memory" in str(e).lower():
+            if not is_compile_error(e):
                 raise
             self._fall_back(e, " in the backward")
+            if self.distributed:
+                raise X1Error(f"torch.compile failed while compiling the backward under DDP ({self.failed}); the "
+                              "step cannot be redone in this process. Relaunch with --no-compile (or "
+                              "--set train.compile_mode=default), and report the torch version") from e
             raise CompileFellBack(self.failed) from e
 
     def _fall_back(self, e: BaseException, where: str) -> None:

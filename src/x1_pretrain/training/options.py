@@ -186,6 +186,20 @@ def add_eval_task_flags(p: Any) -> None:
                    help="at most S seconds each time; what is left is skipped (override train.eval_tasks_max_s)")
 
 
+def eval_cost(cfg: C.Config) -> Any:
+    """The config's in-loop task evaluations as the money counts them (``budget.money.EvalCost``), estimated from
+    their size (evals/cost.py) until one is timed: for plan, the launch gate and the guard alike."""
+    from ..budget.money import EvalCost
+    from ..evals.cost import eval_in_steps
+    from ..evals.sets import task_list
+
+    t = cfg.train
+    if not t.eval_tasks.strip():
+        return EvalCost()
+    return EvalCost(every=t.eval_tasks_every, cap_s=t.eval_tasks_max_s,
+                    in_steps=eval_in_steps(task_list(t.eval_tasks), t.eval_tasks_limit, cfg.tokens_per_step()))
+
+
 def eval_task_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The config keys the task evaluation's flags set (those given)."""
     pairs = {"train.eval_tasks": args.eval_tasks, "train.eval_tasks_every": args.eval_tasks_every,

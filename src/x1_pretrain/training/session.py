@@ -5,6 +5,7 @@ Exit codes: the table ``core.errors.EXIT_CODES`` (``train --help`` prints it).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -42,7 +43,7 @@ from .build import Built, Context, build_run, start_batches, tag_final
 from .device import resolve_device
 from .lock import RunLock
 from .loop import Diverged, StopFlag, train_loop
-from .options import TrainOptions
+from .options import TrainOptions, eval_cost
 from .signals import StopDeadline, install_signal_handlers, watch_parent
 
 Log = Callable[[str], None]
@@ -76,11 +77,16 @@ def budget_limits(opts: TrainOptions, b: BudgetConfig) -> Limits | None:
 def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: float | None,
                  log: Log) -> tuple[int, str] | None:
     """The dry run, or the gate before anything is built: (exit code, why) to stop with, or None to go on."""
-    b, limits = cfg.budget, setup.limits
+    b = cfg.budget
     latest = ck.read_latest(opts.ckpt_dir) if opts.resume else None
     done = int(latest.split("_")[1]) if latest and latest.startswith("step_") else 0
     step_s = bg.expected_step_s(b.expected_step_s, cfg.tokens_per_step(), flops.flops_per_token(cfg.model).honest,
                                 peak, b.assumed_mfu)
+    # the task evaluations as plan prices them: their share of each step, and the last one in the reserve
+    evals = eval_cost(cfg)
+    limits = dataclasses.replace(setup.limits, reserve_min=setup.limits.reserve_min + evals.final_s(step_s or 0.0) / 60)
+    if step_s is not None:
+        step_s += evals.per_step_s(step_s)
     plan = bg.LaunchPlan(total_steps=cfg.train.total_steps, steps_done=done, step_s=step_s, resumed=done > 0, fit=b.fit)
     if opts.dry_run_budget:
         return bg.dry_run(setup.curr_cost_uri, limits, plan, b.max_rate_usd_per_hr, setup.alerter, log), "dry run"
