@@ -16,6 +16,7 @@ from x1_pretrain.training.device import (
     CompileFallback,
     compile_model,
     effective_compile_mode,
+    effective_compile_scope,
     forward_kernels,
     make_deterministic,
 )
@@ -31,6 +32,19 @@ def test_cuda_graph_modes_are_never_used_under_gradient_accumulation():
     assert why is not None and "16 micro-steps" in why and "pytorch/pytorch#169545" in why
     assert effective_compile_mode("max-autotune", 1) == ("max-autotune", None)   # no accumulation: as asked
     assert effective_compile_mode("default", 16) == ("default", None)
+
+
+def test_ddp_with_accumulation_compiles_the_blocks_on_a_torch_whose_whole_graph_is_wrong_there(monkeypatch):
+    """torch 2.5.1 compiles a DDP model's whole graph with a wrong embedding gradient across micro-steps (the
+    2-rank compile test shows it): there the blocks are compiled instead, and the log says why."""
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
+    scope, why = effective_compile_scope("model", 2, 2)
+    assert scope == "blocks" and why is not None and "2.5.1" in why and "2 micro-steps per rank" in why
+    assert effective_compile_scope("model", 1, 8) == ("model", None)    # no accumulation: exact as it is
+    assert effective_compile_scope("model", 4, 1) == ("model", None)    # one process: no DDP
+    assert effective_compile_scope("blocks", 4, 2) == ("blocks", None)
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    assert effective_compile_scope("model", 4, 2) == ("model", None)
 
 
 def test_a_compile_failure_is_loud_reported_once_and_training_goes_on_eagerly():

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import torch
 
+from x1_pretrain.core import names as N
 from x1_pretrain.core import safetensors_io
 from x1_pretrain.training import checkpoint as ck
+from x1_pretrain.training.device import effective_compile_scope
 from x1_pretrain.training.distributed import World
 
 from ..conftest import REPO
-from ..procs import losses, progress_step, start, train_cmd, wait_for
+from ..procs import losses, progress_step, run_info, start, train_cmd, wait_for
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
@@ -135,7 +137,11 @@ def test_two_ranks_under_torch_compile_match_one_eager_process(demo_data, tmp_pa
                        capture_output=True, text=True, cwd=REPO, env=env)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    assert "torch.compile failed" not in out and "torch.compile mode=default" in out
+    assert "torch.compile failed" not in out
+    scope = effective_compile_scope("model", 2, 2)[0]    # blocks on a torch whose DDP whole graph is wrong
+    assert f"torch.compile mode=default, scope {scope}" in out
+    (run,) = run_info(two)[1]
+    assert run.data.tags[N.TAG_COMPILE_SCOPE_EFFECTIVE] == scope
     cpus = len(os.sched_getaffinity(0))
     assert f"{max(1, cpus // 2)} compile threads for each of the 2 ranks" in out
     l1, l2 = losses(one), losses(two)

@@ -91,6 +91,7 @@ TAG_CHECKPOINT_FAILED = "checkpoint_failed"
 TAG_CHECKPOINT_FAILURES = "checkpoint_failures"
 TAG_COMPILE_FALLBACK = "compile_fallback"
 TAG_COMPILE_MODE_EFFECTIVE = "compile_mode_effective"
+TAG_COMPILE_SCOPE_EFFECTIVE = "compile_scope_effective"   # train.compile_scope, or blocks where torch needs it
 TAG_CONFIG_CHANGED_ON_RESUME = "config_changed_on_resume"
 TAG_CONFIG_FILE = "config_file"
 TAG_DEVICE = "device"
@@ -120,6 +121,7 @@ TAGS = frozenset({
     TAG_CHECKPOINT_FAILURES,
     TAG_COMPILE_FALLBACK,
     TAG_COMPILE_MODE_EFFECTIVE,
+    TAG_COMPILE_SCOPE_EFFECTIVE,
     TAG_CONFIG_CHANGED_ON_RESUME,
     TAG_CONFIG_FILE,
     TAG_DEVICE,

@@ -292,7 +292,8 @@ def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], rep
         "compile": {"requested": (cfg.get("train") or {}).get("compile_mode")
                     if (cfg.get("train") or {}).get("compile") else "off",
                     "effective": run.tags.get(N.TAG_COMPILE_MODE_EFFECTIVE),
-                    "scope": (cfg.get("train") or {}).get("compile_scope", "model"),
+                    "scope": run.tags.get(N.TAG_COMPILE_SCOPE_EFFECTIVE)
+                    or (cfg.get("train") or {}).get("compile_scope", "model"),
                     "fallback_error": run.tags.get(N.TAG_COMPILE_FALLBACK),
                     "attention": run.tags.get(N.TAG_ATTENTION_EFFECTIVE), "kernels": run.tags.get(N.TAG_KERNELS)},
         "cluster": _cluster(run, state, provider, instance_type),

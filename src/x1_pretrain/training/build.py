@@ -31,6 +31,7 @@ from .device import (
     check_deterministic_compile,
     compile_model,
     effective_compile_mode,
+    effective_compile_scope,
     forward_kernels,
     hardware_plan,
     make_deterministic,
@@ -402,13 +403,16 @@ def build_run(ctx: Context) -> Built:
     model, forward, optimizer, state = _model(ctx, resume)
     ddp = forward if ctx.world.size > 1 else None
     fallback: CompileFallback | None = None
-    mode = "off"
+    mode, scope = "off", str(cfg.train.compile_scope)
     if cfg.train.compile:
-        mode, why = effective_compile_mode(cfg.train.compile_mode, len(ctx.world.chunks(cfg.train.grad_accum_steps)))
-        if why:
-            log(why)
-        log(f"torch.compile mode={mode}, scope {cfg.train.compile_scope} (first step includes compilation)")
-        forward = fallback = compile_model(model, forward, mode, cfg.train.compile_scope, log)
+        micro_steps = len(ctx.world.chunks(cfg.train.grad_accum_steps))
+        mode, why = effective_compile_mode(cfg.train.compile_mode, micro_steps)
+        scope, why_scope = effective_compile_scope(cfg.train.compile_scope, micro_steps, ctx.world.size)
+        for line in (why, why_scope):
+            if line:
+                log(line)
+        log(f"torch.compile mode={mode}, scope {scope} (first step includes compilation)")
+        forward = fallback = compile_model(model, forward, mode, scope, log)
         fallback.distributed = ctx.world.size > 1
     chunks_per_step = cfg.train.batch_size // cfg.train.micro_batch_size
     sampler = Sampler(data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size, chunks_per_step)
@@ -420,7 +424,7 @@ def build_run(ctx: Context) -> Built:
     kernels = kernel_tags(model, cfg.train.precision)
     log(f"attention runs on {kernels[N.TAG_ATTENTION_EFFECTIVE]}"
         + ("" if ctx.device.type != "cuda" or cfg.train.sdpa_cudnn else " (cuDNN SDPA off: train.sdpa_cudnn)"))
-    tracker.set_tags({N.TAG_COMPILE_MODE_EFFECTIVE: mode, **kernels})
+    tracker.set_tags({N.TAG_COMPILE_MODE_EFFECTIVE: mode, N.TAG_COMPILE_SCOPE_EFFECTIVE: scope, **kernels})
     spike_watch = _spikes(ctx, data, tracker, resume)
     control = BudgetControl(ctx.guard, ctx.ckpt_dir, log, tracker.log_metrics, ck.guard_snapshot(resume.state),
                             _fit_context(ctx, resume), task_eval[0].cost if task_eval else None) \

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -87,6 +88,28 @@ def effective_compile_mode(mode: str, micro_steps: int) -> tuple[str, str | None
                      f"accumulation ({micro_steps} micro-steps per optimizer step; pytorch/pytorch#169545): "
                      f"compiling with {use}")
     return mode, None
+
+
+# The first torch on which a whole-model graph compiled under DDP with gradient accumulation was checked exact
+# (tests/training/test_distributed.py); torch 2.5.1 gets the token embedding's gradient wrong there (~1e-2).
+DDP_WHOLE_GRAPH_TORCH = (2, 13)
+
+
+def effective_compile_scope(scope: str, micro_steps: int, ranks: int) -> tuple[str, str | None]:
+    """(the scope to compile, why it is not ``scope`` or None). Under DDP with more than one micro-step per
+    optimizer step, a torch older than :data:`DDP_WHOLE_GRAPH_TORCH` compiles the blocks only: its whole-model
+    graph accumulates a wrong embedding gradient across micro-steps (torch 2.5.1, also with DDP's optimizer off),
+    while compiled blocks with the embedding and the loss eager are exact."""
+    import torch
+
+    version = tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])
+    if scope != "model" or ranks < 2 or micro_steps < 2 or version >= DDP_WHOLE_GRAPH_TORCH:
+        return scope, None
+    return "blocks", (f"train.compile_scope model -> blocks: torch {torch.__version__} compiles a DDP model's whole "
+                      f"graph with a wrong token-embedding gradient under gradient accumulation ({micro_steps} "
+                      "micro-steps per rank; seen on 2.5.1, ~1e-2 off), so each block is compiled and the "
+                      "embedding and the loss run eagerly (exact); torch >= "
+                      f"{'.'.join(map(str, DDP_WHOLE_GRAPH_TORCH))} keeps the whole graph")
 
 
 def is_compile_error(e: BaseException) -> bool:
