@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import traceback
@@ -191,3 +192,30 @@ def clean_run(demo_data, tmp_path_factory) -> Path:
                            "--ckpt-dir", str(d / "ckpt")]) == 0
 
     return shared_build(tmp_path_factory, "clean", build) / "ckpt"
+
+
+# -- a real S3 server (moto's, with IAM authentication) on 127.0.0.1, one per test worker ----------------------
+_s3_prefixes = itertools.count()
+
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    from .s3server import S3Server
+
+    server = S3Server(tmp_path_factory.mktemp("moto") / "moto.log")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3env(s3, monkeypatch):
+    """This process sees the server through the standard AWS variables; returns ``s3://BUCKET/PREFIX`` unused
+    by any other test."""
+    for k, v in s3.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    from .s3server import BUCKET
+
+    return f"s3://{BUCKET}/run-{next(_s3_prefixes)}-{id(monkeypatch) % 100000}"

@@ -1,6 +1,7 @@
 """Secrets never leave the process: a budget URL with a token in its query and userinfo, and a Slack webhook
-whose path is the credential, are grep-clean across every output of a run (console, MLflow store, checkpoint
-dir, ledger, exit status, the exported bundle) and of the watchdog."""
+whose path is the credential, and the checkpoint mirror's S3 key, are grep-clean across every output of a run
+(console, MLflow store, checkpoint dir, ledger, exit status, the exported bundle, every object in the bucket)
+and of the watchdog."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _files(*dirs: Path):
                 yield p
 
 
-def test_no_output_of_a_run_holds_a_secret(demo_data, tmp_path):
+def test_no_output_of_a_run_holds_a_secret(demo_data, tmp_path, s3, s3env):
     api = JsonServer()
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     api.route("/budget.json", {"spent_usd": 31.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 1,
@@ -36,12 +37,13 @@ def test_no_output_of_a_run_holds_a_secret(demo_data, tmp_path):
     host = api.base.removeprefix("http://")
     source = f"http://x1:{PASSWORD}@{host}/budget.json?token={TOKEN}"
     ckpt, mlruns, bundle = tmp_path / "c", tmp_path / "mlruns", tmp_path / "bundle"
-    env = {**os.environ, "X1_SLACK_WEBHOOK_URL": f"{api.base}/services/{HOOK_SECRET}"}
+    env = {**os.environ, **s3.env, "X1_SLACK_WEBHOOK_URL": f"{api.base}/services/{HOOK_SECRET}"}
+    s3_secrets = (s3.env["AWS_SECRET_ACCESS_KEY"], s3.env["AWS_ACCESS_KEY_ID"])   # the checkpoint mirror's key
     try:
         cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--budget-poll-s", "0.5", "--",
                *train_cmd(demo_data, ckpt, 6, "--mlflow-uri", mlruns.as_uri(), "--budget-cap-usd", "35",
                           "--budget-curr-cost-uri", source, "--budget-check-every-min", "0.01", "--force-launch",
-                          ckpt_every=3)]
+                          "--ckpt-remote", s3env, ckpt_every=3)]
         r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
         e = subprocess.run([sys.executable, "-m", "x1_pretrain.export_run", "--mlflow-uri", mlruns.as_uri(),
@@ -55,7 +57,12 @@ def test_no_output_of_a_run_holds_a_secret(demo_data, tmp_path):
     outputs = {"train/watchdog console": r.stdout + r.stderr, "export console": e.stdout + e.stderr}
     for p in _files(ckpt, mlruns, bundle):
         outputs[str(p)] = p.read_bytes().decode("utf-8", "replace")
-    leaks = [(where, s) for where, text in outputs.items() for s in (TOKEN, PASSWORD, HOOK_SECRET) if s in text]
+    mirrored = s3.keys(s3env.split("/", 3)[3] + "/")
+    assert "latest" in {k.rsplit("/", 1)[-1] for k in mirrored} and any("/mlruns/" in k for k in mirrored)
+    for key in mirrored:   # and everything the mirror put in the bucket
+        outputs[f"s3:{key}"] = s3.get(key).decode("utf-8", "replace")
+    leaks = [(where, s) for where, text in outputs.items() for s in (TOKEN, PASSWORD, HOOK_SECRET, *s3_secrets)
+             if s in text]
     assert not leaks, leaks
     # and what they were replaced by is still useful
     manifest = json.loads((bundle / "manifest.json").read_text())

@@ -216,3 +216,53 @@ def test_fixed_lines_are_added_to_projections_only_when_the_reading_lacks_them()
     new, _ = decide(snap(spent=23.0, projected=23.0, fixed_usd={"disk_usd": 2.0, "egress_usd": 1.0}), LIMITS, NOW,
                     prog, Memory())
     assert new.own_projection_usd == pytest.approx(old.own_projection_usd)
+
+
+def _on(machine, spent, at=NOW, projected=None):
+    """machine's budget.json read at ``at``, written a minute before; $3 of fixed lines in its spent_usd."""
+    return parse({"spent_usd": spent, "rate_usd_per_hr": 1.10, "hours_elapsed": 1.0,
+                  "projected_total_usd": projected if projected is not None else spent + 5,
+                  "last_update_utc": (at - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                  "provider": "runpod", "resource_id": machine, "fixed_usd": {"disk_usd": 2.0, "egress_usd": 1.0}})
+
+
+def test_spend_across_two_machines_is_their_sum_with_the_fixed_lines_once():
+    """A lost spot instance: machine A billed $20 of compute (+$3 of fixed lines), then the run resumes on B
+    whose sidecar counts only B's own bill. The total the cap guards is A's compute + B's reading."""
+    mem = Memory()
+    d, mem = decide(_on("pod-a", 23.0), LIMITS, NOW, SLOW, mem)
+    assert mem.machine == "runpod:pod-a" and d.spent_usd == pytest.approx(23.0 + 1.10 / 60)
+    # the ledger carries the memory to the new machine (through the mirror); B's first reading: $1 + $3 fixed
+    mem = memory_from_json(json.loads(json.dumps(memory_to_json(mem))))
+    later = NOW + timedelta(hours=1)
+    d, mem = decide(_on("pod-b", 4.0, later), LIMITS, later, SLOW, mem)
+    a_compute = 23.0 + 1.10 / 60 - 3.0
+    assert d.spent_usd == pytest.approx(a_compute + 4.0 + 1.10 / 60)
+    assert mem.machine == "runpod:pod-b" and mem.machines == (("runpod:pod-a", round(a_compute, 4)),)
+    assert any("another machine" in w for w in d.warnings)
+    # the cap holds for the sum: B alone ($14 + $3) is far below $35, A + B is above
+    d, mem = decide(_on("pod-b", 17.0, later + timedelta(hours=9)), LIMITS, later + timedelta(hours=9), SLOW, mem)
+    assert d.action == Action.EXIT_NOW and d.spent_usd > LIMITS.cap_usd
+    assert 17.0 + 1.10 / 60 < LIMITS.cap_usd < d.spent_usd
+
+
+def test_a_machine_move_keeps_projections_and_the_ledger_round_trip():
+    mem = Memory()
+    _, mem = decide(_on("pod-a", 13.0), LIMITS, NOW, SLOW, mem)
+    # B's sidecar projects $30 for B alone: with A's $10 of compute the run's projection is over the cap
+    at = NOW + timedelta(hours=2)
+    d, mem = decide(_on("pod-b", 5.0, at, projected=30.0), LIMITS, at, SLOW, mem)
+    assert d.action == Action.CHECKPOINT_AND_EXIT
+    assert d.file_projection_usd == pytest.approx(30.0 + (13.0 + 1.10 / 60 - 3.0) + 1.10 / 60)
+    back = memory_from_json(memory_to_json(mem))
+    assert (back.machine, back.earlier_usd, back.machines) == (mem.machine, mem.earlier_usd, mem.machines)
+
+
+def test_readings_of_one_machine_never_count_twice_and_old_sidecars_stay_one_machine():
+    mem = Memory()
+    for minutes in (0, 5, 10):  # the same instance, its sidecar restarted: still one machine
+        at = NOW + timedelta(minutes=minutes)
+        d, mem = decide(_on("pod-a", 10.0 + minutes / 60, at), LIMITS, at, SLOW, mem)
+    assert mem.machines == () and d.spent_usd < 11.0
+    d, mem2 = decide(snap(spent=12.0, age_min=-14), LIMITS, NOW + timedelta(minutes=15), SLOW, mem)  # no machine
+    assert mem2.machines == () and mem2.machine == "runpod:pod-a"

@@ -12,6 +12,11 @@ Spend (what the rules compare with the cap) is an estimate that never decreases:
   restart) is a warning and an alert, never a lower number;
 * a rate ≤ 0, a rate far from the launch rate (``rate_tolerance``) and a jump larger than the rate allows
   are flagged (warning + one alert each); a rate ≤ 0 is never used to age anything.
+* spend across machines adds up: a reading names its machine (the provider's instance id, else the sidecar's
+  start), and when a run moves to another machine (a lost spot instance, a resume elsewhere) the compute counted
+  on the earlier ones is kept (``Memory.earlier_usd``) and this machine's reading is added to it: the total the
+  cap guards is their sum, the fixed lines counted once. The earlier machine's bill is what was counted at its
+  last check: the minutes between that check and its end are not seen (at most one ``check_every_min``).
 
 Rules (exit-now wins over checkpoint-and-exit, which wins over alert):
 
@@ -62,6 +67,7 @@ class Snapshot:
     projected_total_usd: float
     last_update_utc: datetime
     fixed_usd: float | None = None     # the fixed lines spent_usd already carries (None: an older sidecar)
+    machine: str | None = None         # which machine's bill: "provider:instance id" or "provider:started <utc>"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"spent_usd": self.spent_usd, "rate_usd_per_hr": self.rate_usd_per_hr,
@@ -69,6 +75,8 @@ class Snapshot:
                                "last_update_utc": format_time(self.last_update_utc)}
         if self.fixed_usd is not None:
             out["fixed_usd"] = self.fixed_usd
+        if self.machine is not None:
+            out["machine"] = self.machine
         return out
 
 
@@ -113,6 +121,9 @@ class Memory:
     spent_at: datetime | None = None         # when that check was
     rate_usd_per_hr: float | None = None     # the newest trusted (positive) rate: ages the spend
     launch_rate_usd_per_hr: float | None = None
+    machine: str | None = None               # the machine whose readings the spend follows now
+    earlier_usd: float = 0.0                 # compute billed on the run's earlier machines (in spent_usd too)
+    machines: tuple[tuple[str, float], ...] = ()   # (machine, its compute bill) of each earlier machine
 
     def spend_at(self, now: datetime) -> float | None:
         """The memory's spend aged to ``now`` at its rate."""
@@ -172,7 +183,21 @@ def parse(data: Any) -> Reading:
     if t is None:
         return Reading(None, f"budget.json last_update_utc {data['last_update_utc']!r} is not an ISO-8601 time")
     return Reading(Snapshot(nums["spent_usd"], nums["rate_usd_per_hr"], nums["hours_elapsed"],
-                            nums["projected_total_usd"], t, _fixed(data.get("fixed_usd"))))
+                            nums["projected_total_usd"], t, _fixed(data.get("fixed_usd")), machine_of(data)))
+
+
+def machine_of(data: dict[str, Any]) -> str | None:
+    """Which machine a budget.json bills: the provider's instance id, else the sidecar's billing start (one
+    sidecar per machine); None for a sidecar that says neither (an older one: one machine is assumed)."""
+    if isinstance(data.get("machine"), str):
+        return str(data["machine"])
+    provider, rid, started = data.get("provider"), data.get("resource_id"), data.get("started_utc")
+    provider = provider if isinstance(provider, str) and provider else "unknown"
+    if isinstance(rid, str) and rid and rid != provider:
+        return f"{provider}:{rid}"
+    if isinstance(started, str) and started:
+        return f"{provider}:started {started}"
+    return None
 
 
 def _fixed(value: Any) -> float | None:
@@ -236,13 +261,27 @@ def _check_jump(snap: Snapshot, rate: float | None, notes: _Notes) -> None:
         notes.rearm("jump")
 
 
+def _switch_machine(machine: str, notes: _Notes) -> None:
+    """The run moved to ``machine``: what was counted so far, less the fixed lines (the new machine's reading
+    carries them again), becomes the earlier machines' share."""
+    m = notes.memory
+    fixed = (m.last_good.fixed_usd or 0.0) if m.last_good else 0.0
+    total = m.spent_usd or 0.0
+    gone = max(total - m.earlier_usd - fixed, 0.0)
+    notes.warnings.append(f"budget: the run is on another machine ({machine}; was {m.machine}): the "
+                          f"${max(total - fixed, 0.0):.2f} of compute counted on earlier machines is added to this "
+                          "machine's bill")
+    notes.memory = replace(m, machine=machine, earlier_usd=max(total - fixed, 0.0), last_good=None,
+                           machines=(*m.machines, (str(m.machine), round(gone, 4))))
+
+
 def _accept(snap: Snapshot, limits: Limits, now: datetime, notes: _Notes) -> float:
-    """Take a valid reading into the memory; returns the reading's spend aged to ``now``."""
+    """Take a valid reading into the memory; returns the run's spend (earlier machines included) aged to ``now``."""
     rate = _check_rate(snap, limits, notes)
     _check_jump(snap, rate, notes)
     m = notes.memory
     trusted = rate or m.rate_usd_per_hr or m.launch_rate_usd_per_hr or 0.0
-    aged = snap.spent_usd + trusted * _hours(now - snap.last_update_utc)
+    aged = m.earlier_usd + snap.spent_usd + trusted * _hours(now - snap.last_update_utc)
     notes.memory = replace(m, last_good=snap, unknown_since=None, rate_usd_per_hr=trusted or None,
                            launch_rate_usd_per_hr=m.launch_rate_usd_per_hr or rate)
     return aged
@@ -282,6 +321,12 @@ def decide(reading: Reading, limits: Limits, now: datetime, progress: Progress,
     elif snap is not None:
         notes.rearm("unreadable")
     prior = memory.spend_at(now)
+    if snap is not None and snap.machine and memory.machine and snap.machine != memory.machine \
+            and memory.spent_usd is not None:
+        prior = memory.spent_usd   # the earlier machine is gone: its bill is what was counted, not aged on
+        _switch_machine(snap.machine, notes)
+    elif snap is not None and snap.machine and not memory.machine:
+        notes.memory = replace(notes.memory, machine=snap.machine)
     aged = _accept(snap, limits, now, notes) if snap is not None else None
     unknown = _no_reading(limits, now, notes)
     _stale(notes, limits, now)
@@ -331,6 +376,7 @@ def _finish(notes: _Notes, unknown: str | None, limits: Limits, now: datetime, p
         remaining_h = max(progress.total_steps - progress.steps_done, 0) / progress.steps_per_hour
         own = money_now(limits, m, spent, progress).total_usd(remaining_h, buffer=False)
     file_proj = m.last_good.projected_total_usd + (spent - m.last_good.spent_usd) if m.last_good else None
+    # (spent - the reading's spent: the earlier machines' share and the ageing since the reading)
     projected = max(x for x in (own, file_proj, spent) if x is not None)
     if projected > limits.cap_usd:
         return _decision(notes, Action.CHECKPOINT_AND_EXIT, f"projected total ${projected:.2f} is above the cap "

@@ -35,6 +35,8 @@ def memory_to_json(m: Memory) -> dict[str, Any]:
         "last_reading": m.last_good.to_json() if m.last_good else None,
         "alerts_sent": sorted(m.alerted),
         "unknown_since_utc": format_time(m.unknown_since) if m.unknown_since else None,
+        "machine": m.machine, "earlier_machines_usd": m.earlier_usd,
+        "machines": [{"machine": k, "compute_usd": v} for k, v in m.machines],
     }
 
 
@@ -50,7 +52,11 @@ def memory_from_json(d: dict[str, Any]) -> Memory:
     return Memory(last_good=last, alerted=frozenset(str(a) for a in alerted if isinstance(a, str)),
                   unknown_since=parse_time(d.get("unknown_since_utc")), spent_usd=_num(d.get("spent_usd")),
                   spent_at=parse_time(d.get("spent_at_utc")), rate_usd_per_hr=_num(d.get("rate_usd_per_hr")),
-                  launch_rate_usd_per_hr=_num(d.get("launch_rate_usd_per_hr")))
+                  launch_rate_usd_per_hr=_num(d.get("launch_rate_usd_per_hr")),
+                  machine=d["machine"] if isinstance(d.get("machine"), str) else None,
+                  earlier_usd=_num(d.get("earlier_machines_usd")) or 0.0,
+                  machines=tuple((str(e["machine"]), _num(e.get("compute_usd")) or 0.0)
+                                 for e in d.get("machines") or [] if isinstance(e, dict) and "machine" in e))
 
 
 def read(path: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -83,6 +89,7 @@ class Ledger:
         self.events: list[dict[str, Any]] = []
         self.created_utc: str | None = None
         self.run_started_utc: str | None = None   # the run's first start (--budget-max-hours counts from it)
+        self.on_saved: Any = None                 # called after each write (the checkpoint mirror uploads it)
 
     def load(self, fallback: dict[str, Any] | None = None) -> Memory:
         """The memory in the ledger, else in ``fallback`` (a checkpoint's budget snapshot), else empty."""
@@ -136,3 +143,6 @@ class Ledger:
             write_text_atomic(self.path, json.dumps(blob, indent=1) + "\n")
         except OSError as e:  # a full disk must not stop the guard: it still has the memory in this process
             self._log(f"budget warning: cannot write {self.path} ({e.strerror or e})")
+            return
+        if self.on_saved is not None:
+            self.on_saved()

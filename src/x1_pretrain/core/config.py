@@ -14,6 +14,7 @@ import difflib
 import hashlib
 import json
 import math
+import re
 import sys
 import types
 import typing
@@ -120,6 +121,7 @@ class CheckpointConfig:
     every_min: float = 0.0           # and at most this many minutes of wall clock between them (0: steps only)
     keep_last: int = 3               # complete step_* dirs kept (plus any holding a PIN file)
     async_save: bool = True          # write on a background thread after a CPU snapshot
+    remote: str | None = None        # s3://BUCKET/PREFIX: mirror each checkpoint there (--ckpt-remote; docs/running.md)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -345,6 +347,8 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
         p.append(f"checkpoint.every_steps: must be positive, got {c.every_steps}")
     if c.every_min < 0:
         p.append(f"checkpoint.every_min: must be >= 0 (0 turns the wall-clock cadence off), got {c.every_min}")
+    if c.remote is not None and not re.match(r"^s3://[^/]+", c.remote):
+        p.append(f"checkpoint.remote: expected s3://BUCKET/PREFIX (or null: no mirror), got {c.remote!r}")
     if t.min_tokens_per_s_window_min < 0:
         p.append(f"train.min_tokens_per_s_window_min: must be >= 0, got {t.min_tokens_per_s_window_min}")
     if t.min_tokens_per_s is not None and t.min_tokens_per_s <= 0:
@@ -479,8 +483,8 @@ OPERATIONAL_KEYS = frozenset({
     "train.compile", "train.compile_mode", "train.device", "train.min_tokens_per_s", "train.throughput_window",
     "train.min_tokens_per_s_window_min", "train.min_tokens_per_s_always",
     "checkpoint.every_steps", "checkpoint.every_min", "checkpoint.keep_last", "checkpoint.async_save",
-    "spike.ema_alpha", "spike.baseline_steps", "spike.loss_sigma", "spike.min_loss_jump", "spike.grad_factor",
-    "spike.grad_window",
+    "checkpoint.remote", "spike.ema_alpha", "spike.baseline_steps", "spike.loss_sigma", "spike.min_loss_jump",
+    "spike.grad_factor", "spike.grad_window",
     # how the same computation runs: the state fits either way (a change is logged; bitwise resume needs none)
     "train.fused_loss", "train.loss_chunk_tokens", "train.bf16_residual", "train.compile_scope",
     "train.deterministic", "train.sdpa_cudnn", "train.eval_tasks", "train.eval_tasks_every", "train.eval_tasks_limit",

@@ -7,9 +7,12 @@ from pathlib import Path
 EXPERIMENT = "x1-pretraining"   # the MLflow experiment a run logs to unless --experiment says otherwise
 
 
+MLFLOW_DB = "mlflow.db"         # the default store's file in --ckpt-dir (and its name in a checkpoint mirror)
+
+
 def default_mlflow_uri(ckpt_dir: Path) -> str:
     """The trainer's MLflow store when no --mlflow-uri is given: sqlite beside the checkpoints."""
-    return f"sqlite:///{ckpt_dir.resolve() / 'mlflow.db'}"
+    return f"sqlite:///{ckpt_dir.resolve() / MLFLOW_DB}"
 
 
 # Metric names (section/name_unit): the trainer writes them, the report and the tests read them; a reader

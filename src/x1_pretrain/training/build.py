@@ -14,6 +14,7 @@ from typing import Any
 
 from ..budget import alerts
 from ..budget.gate import expected_step_s
+from ..budget.ledger import LEDGER_FILE
 from ..core import config as C
 from ..core import names as N
 from ..core import redact
@@ -71,6 +72,8 @@ class Context:
     guard: Any = None             # training.budget_control.BudgetSetup when a cap is set (rank 0 only), else None
     deadline: Any = None          # signals.StopDeadline: what is left of --stop-grace-s after a stop request
     on_built: Callable[[Any], None] | None = None   # told the Built once it is ready (the stop deadline's view)
+    mirror: Any = None            # training.mirror.Mirror with --ckpt-remote (rank 0 only), else None
+    mlflow_store: Any = None      # training.mirror.MlflowStore on this disk (the mirror copies it), else None
 
     @property
     def ckpt_dir(self) -> Path:
@@ -313,6 +316,12 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
     def on_saved(step: int, path: Path, secs: float, size: int) -> None:
         tracker.log_metrics(step, {N.CHECKPOINT_SAVE_S: secs, N.CHECKPOINT_MB_PER_S: size / 1e6 / max(secs, 1e-9),
                                    N.CHECKPOINT_SIZE_MB: size / 1e6})
+        if ctx.mirror is not None:   # staged now (before the prune), uploaded by the mirror's thread
+            ctx.mirror.checkpoint(path)
+            for name in (LEDGER_FILE, ck.EXIT_STATUS):
+                ctx.mirror.file(name)
+            if ctx.mlflow_store is not None:
+                ctx.mirror.mlflow(ctx.mlflow_store)
 
     def before_save() -> None:
         # Every metric up to a checkpoint is in the store before the checkpoint exists: a process killed
@@ -429,6 +438,8 @@ def build_run(ctx: Context) -> Built:
     control = BudgetControl(ctx.guard, ctx.ckpt_dir, log, tracker.log_metrics, ck.guard_snapshot(resume.state),
                             _fit_context(ctx, resume), task_eval[0].cost if task_eval else None) \
         if ctx.guard is not None else None
+    if control is not None and ctx.mirror is not None:
+        control.ledger.on_saved = lambda: ctx.mirror.file(LEDGER_FILE)   # at each budget check
     trainer_state = TrainerState(ctx=ctx, data=data, sampler=sampler, tracker=tracker, uri=uri,
                                  spike_watch=spike_watch, monitor=control.monitor if control is not None else None,
                                  wall_before=float(resume.state.get("wall_clock_s", 0.0)))

@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     old_spelling(p, "--ckpt-every-min", p.add_argument(
         "--checkpoint-every-min", type=float, help="also checkpoint when this many minutes passed since the last "
         "one (override checkpoint.every_min; the runbook uses 15; was --ckpt-every-min)"))
+    p.add_argument("--ckpt-remote", metavar="s3://BUCKET/PREFIX",
+                   help="mirror every checkpoint, the cost ledger and the MLflow store to an S3-compatible store "
+                        "(endpoint and keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); with "
+                        "--resume-from-latest an empty --ckpt-dir resumes from it (override checkpoint.remote)")
     p.add_argument("--min-tokens-per-s", type=float,
                    help="exit 6 when warm throughput falls below this during the first hour (the lab's check)")
     old_spelling(p, "--min-tokens-per-s-window", p.add_argument(
@@ -212,7 +216,7 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
         "train.total_steps": args.total_steps, "checkpoint.every_steps": args.checkpoint_every_steps,
         "train.eval_every": args.eval_every, "train.log_every": args.log_every, "train.seed": args.seed,
         "train.device": args.device, "train.compile": args.compile, "train.min_tokens_per_s": args.min_tokens_per_s,
-        "checkpoint.every_min": args.checkpoint_every_min,
+        "checkpoint.every_min": args.checkpoint_every_min, "checkpoint.remote": args.ckpt_remote,
         "train.min_tokens_per_s_window_min": args.min_tokens_per_s_window_min,
         "train.min_tokens_per_s_always": args.min_tokens_per_s_always, "spike.skip_steps": args.spike_skip_steps,
         **eval_task_overrides(args), **budget_overrides(args),

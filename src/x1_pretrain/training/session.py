@@ -175,6 +175,7 @@ def train(opts: TrainOptions) -> int:
     peak = flops.peak_tflops(device_name(device) if device.type == "cuda" else None, opts.peak_tflops)
     if not opts.stop_grace_s > 0:
         raise X1Error(f"--stop-grace-s {opts.stop_grace_s} must be positive (seconds from SIGTERM to exit)")
+    remote = open_remote(opts, cfg, world, log)   # before the gate: the ledger it reads may come from the remote
     if setup is not None:
         stop = _launch_gate(opts, cfg, setup, peak, log)
         if stop is not None:
@@ -185,7 +186,7 @@ def train(opts: TrainOptions) -> int:
     if lock is not None:
         lock.acquire()  # before anything is written: a second trainer on this dir exits 2 naming the holder
     try:
-        return _train_locked(opts, cfg, _Where(world, device, started_unix), log, setup)
+        return _train_locked(opts, cfg, _Where(world, device, started_unix, remote), log, setup)
     finally:
         if lock is not None:
             lock.release()
@@ -198,6 +199,70 @@ class _Where:
     world: Any
     device: Any
     started_unix: float
+    remote: Any = None     # core.objstore.Store with --ckpt-remote
+
+
+def open_remote(opts: TrainOptions, cfg: C.Config, world: Any, log: Log) -> Any:
+    """The ``checkpoint.remote`` store (None without one): credentials and bucket checked now (exit 2 naming the
+    fix), a store that cannot be reached is a warning; a fresh run refuses a prefix that holds checkpoints
+    already; a resume brings the remote's newest complete checkpoint, ledger and MLflow copy down first."""
+    if not cfg.checkpoint.remote:
+        return None
+    from ..core.objstore import RemoteURL, Store, StoreError, launch_check
+    from .mirror import mlflow_store
+    from .remote_resume import pull
+
+    store = Store(RemoteURL.parse(cfg.checkpoint.remote, "checkpoint.remote (--ckpt-remote)"))
+    reachable = launch_check(store, log) if world.local_rank == 0 else False
+    if reachable and not opts.resume and world.main:
+        try:
+            held = sorted(k for k in store.list_objects("step_") if k.endswith("/" + ck.DONE_FILE))
+        except StoreError:
+            held = []
+        if held:
+            raise X1Error(f"--ckpt-remote {store.url} already holds checkpoints ({held[-1].split('/')[0]}); pass "
+                          "--resume-from-latest to continue that run, or choose another prefix")
+    if opts.resume and world.local_rank == 0 and not opts.dry_run_budget:
+        pull(store, opts.ckpt_dir, log, mlflow_store(opts.mlflow_uri, opts.ckpt_dir))
+    return store
+
+
+MIRROR_END_WAIT_S = 300.0   # a run that ends without a stop request waits this long for its last uploads
+
+
+def _start_mirror(opts: TrainOptions, cfg: C.Config, store: Any, log: Log, setup: BudgetSetup | None) -> Any:
+    from .mirror import Mirror, mlflow_store
+
+    alerter = setup.alerter if setup is not None else alerts.from_env()
+    send = (lambda subject, body: alerter.send_within(subject, body)) if alerter.channels() else None
+    db = mlflow_store(opts.mlflow_uri, opts.ckpt_dir)
+    log(f"mirror: checkpoints, the cost ledger, the exit status{' and the MLflow store' if db else ''} go to "
+        f"{store.url} at {store.endpoint()}" + ("" if db else " (the MLflow tracking server is not mirrored: it "
+                                                          "outlives this machine)"))
+    return Mirror(store, opts.ckpt_dir, cfg.checkpoint.keep_last, log, send).start()
+
+
+def _end_mirror(ctx: Context, code: int) -> None:
+    """The last uploads: the exit status, the ledger and the MLflow copy after the final (or stop) checkpoint,
+    within what is left of --stop-grace-s after a stop, else within MIRROR_END_WAIT_S; says what did not make it."""
+    mirror = ctx.mirror
+    ck.record_exit_status(ctx.ckpt_dir, code, "see the log")
+    for name in (ledger.LEDGER_FILE, ck.EXIT_STATUS):
+        mirror.file(name)
+    if ctx.mlflow_store is not None:
+        mirror.mlflow(ctx.mlflow_store)
+    left = ctx.deadline.remaining() if ctx.deadline is not None else None
+    budget_s = MIRROR_END_WAIT_S if left is None else max(left - 1.0, 0.0)
+    t0 = time.monotonic()
+    if mirror.drain(budget_s):
+        ctx.log(f"mirror: {mirror.store.url} is up to date (latest {mirror.remote_latest or 'unchanged'}; "
+                f"{mirror.uploaded_bytes / 1e6:,.1f} MB in {mirror.upload_s:.1f} s of uploads this process)")
+        return
+    local = ck.read_latest(ctx.ckpt_dir)
+    ctx.log(f"WARNING: the mirror could not upload {', '.join(mirror.pending())} within {time.monotonic() - t0:.0f} s"
+            + (f" ({mirror.last_error})" if mirror.last_error else "") + f": the remote's latest is "
+            f"{mirror.remote_latest or 'as before this process'}, the local one {local or 'none'}; a resume on this "
+            "machine uses the local checkpoint, one on another machine the remote's")
 
 
 def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, setup: BudgetSetup | None) -> int:
@@ -208,10 +273,16 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
     expiry = _OutOfGrace(opts, stop, world.main)
     deadline = StopDeadline(stop, opts.stop_grace_s, expiry).start()
     distributed.init(world, device.type)
+    mirror = _start_mirror(opts, cfg, where.remote, log, setup) if where.remote is not None and world.main else None
     try:
+        from .mirror import mlflow_store
+
         ctx = Context(cfg, opts, world, device, log, stop, where.started_unix, setup if world.main else None,
-                      deadline=deadline, on_built=expiry.built.append)
+                      deadline=deadline, on_built=expiry.built.append, mirror=mirror,
+                      mlflow_store=mlflow_store(opts.mlflow_uri, opts.ckpt_dir))
         code = run_training(ctx, cap_set=setup is not None)
+        if mirror is not None:
+            _end_mirror(ctx, code)
         if world.size > 1:
             # Ranks leave together once rank 0 has written its last checkpoint and its exit status: a rank
             # that left early with a non-zero code would make torchrun signal rank 0 mid-write.
@@ -222,6 +293,8 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
             torch.distributed.barrier()
         return code
     finally:
+        if mirror is not None:
+            mirror.close()
         deadline.close()
         if parent is not None:
             parent.set()
@@ -347,6 +420,9 @@ def _close(ctx: Context, built: Built, status: str) -> None:
     try:
         if built.checkpointer is not None:
             built.checkpointer.wait()
+        left = ctx.deadline.remaining() if ctx.deadline is not None else None
+        if ctx.mirror is not None and left is not None:
+            ctx.mirror.drain(left * 0.6)   # after a stop: the stop checkpoint goes up before MLflow is closed
     finally:
         left = ctx.deadline.remaining() if ctx.deadline is not None else None
         built.tracker.close(status, timeout_s=None if left is None else max(left - 1.5, 0.5),

@@ -1,0 +1,300 @@
+"""The checkpoint mirror: every complete checkpoint, the cost ledger, the exit status and a consistent copy of
+the sqlite MLflow store, uploaded to ``--ckpt-remote s3://BUCKET/PREFIX`` off the training thread.
+
+The remote has the local dir's layout (``step_NNNNNNN/…``, ``latest``, ``budget_ledger.json``,
+``exit_status.json``, the MLflow store), so any S3 tool reads it. A checkpoint goes up in the order that keeps the
+remote readable whatever moment the machine dies at: its old ``DONE`` (if a resumed run writes the step again)
+is deleted first, then each file, then ``DONE``, then ``latest``; a reader never sees a ``latest`` or a
+``DONE`` that names an incomplete checkpoint. ``checkpoint.keep_last`` holds remotely too (pinned ones stay).
+
+When a checkpoint is due, its files are hard-linked into ``<ckpt-dir>/.mirror/`` (instant, and immune to the
+local prune), and a worker thread uploads them. A failed upload stays at the head of the queue and is retried
+with backoff (2 s doubling to 60 s); a newer checkpoint replaces an older one that has not started. A store
+that is down or refuses the credentials never stops training: one warning and one alert open an episode, one
+line (and one alert) closes it when the mirror has caught up.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core import names as N
+from ..core.objstore import Store, StoreError
+from . import checkpoint as ck
+
+STAGING = ".mirror"
+MLFLOW_DB = N.MLFLOW_DB
+MLFLOW_FILES = "mlruns"       # a file:// MLflow store goes up file by file under this key
+BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class _Job:
+    kind: str              # "checkpoint", "file", "mlflow" (sqlite) or "mlflow_files" (a file:// store)
+    name: str              # the step dir's name, the file's name, or the sqlite file's path
+    staged: Path | None = None
+    step: int = -1
+
+
+@dataclass(frozen=True)
+class MlflowStore:
+    """Where the MLflow store lives on this disk: a sqlite file or a ``file://`` store's folder."""
+
+    path: Path
+    sqlite: bool
+
+
+def mlflow_store(mlflow_uri: str | None, ckpt_dir: Path) -> MlflowStore | None:
+    """The run's MLflow store on this disk (the default: ``<ckpt-dir>/mlflow.db``); None for a tracking server
+    (it outlives the machine)."""
+    if not mlflow_uri:
+        return MlflowStore(ckpt_dir.resolve() / MLFLOW_DB, True)
+    if mlflow_uri.startswith("sqlite:///"):
+        return MlflowStore(Path(mlflow_uri[len("sqlite:///"):]), True)
+    if mlflow_uri.startswith("file://"):
+        return MlflowStore(Path(mlflow_uri[len("file://"):]), False)
+    if "://" not in mlflow_uri:
+        return MlflowStore(Path(mlflow_uri), False)
+    return None
+
+
+class Mirror:
+    """Uploads for one checkpoint dir (rank 0's). ``checkpoint``, ``file`` and ``mlflow`` queue work and return at
+    once; ``drain`` waits for the queue within a deadline; ``close`` ends the worker."""
+
+    def __init__(self, store: Store, ckpt_dir: Path, keep_last: int, log: Log,
+                 alert: Callable[[str, str], Any] | None = None, sleep: Callable[[float], None] | None = None) -> None:
+        self.store, self.dir, self.keep_last, self._log, self._alert = store, ckpt_dir, keep_last, log, alert
+        self._cv = threading.Condition()
+        self._queue: list[_Job] = []
+        self._busy = False
+        self._closed = False
+        self.failing = 0                   # failed attempts in the current episode (0: none)
+        self.last_error: str | None = None
+        self.remote_latest: str | None = None   # what the remote's ``latest`` names, as far as this process knows
+        self.uploaded_bytes = 0
+        self.upload_s = 0.0
+        self._wait = sleep
+        self._sent: dict[str, tuple[int, int]] = {}   # a file store's files as last uploaded (size, mtime)
+        self._thread: threading.Thread | None = None
+        shutil.rmtree(ckpt_dir / STAGING, ignore_errors=True)   # what a killed process left staged
+
+    def start(self) -> Mirror:
+        self._thread = threading.Thread(target=self._work, name="x1-mirror", daemon=True)
+        self._thread.start()
+        return self
+
+    # -- what the run asks for (any thread) --
+    def checkpoint(self, step_dir: Path) -> None:
+        """Queue a complete step dir: its files are hard-linked into the staging dir now."""
+        staged = self.dir / STAGING / step_dir.name
+        shutil.rmtree(staged, ignore_errors=True)
+        staged.mkdir(parents=True)
+        for f in step_dir.iterdir():
+            if f.is_file():
+                try:
+                    os.link(f, staged / f.name)
+                except OSError:   # a file system without hard links
+                    shutil.copy2(f, staged / f.name)
+        step = int(ck.STEP_RE.match(step_dir.name).group(1))  # type: ignore[union-attr]
+        with self._cv:
+            for old in [j for j in self._queue if j.kind == "checkpoint" and j.step < step]:
+                self._queue.remove(old)      # not started: the newer one replaces it
+                if old.staged is not None:
+                    shutil.rmtree(old.staged, ignore_errors=True)
+                self._log(f"mirror: {old.name} was not uploaded yet; {step_dir.name} replaces it")
+            self._queue.append(_Job("checkpoint", step_dir.name, staged, step))
+            self._cv.notify_all()
+
+    def file(self, name: str) -> None:
+        """Queue a file of the checkpoint dir (read when its turn comes); one queued copy is enough."""
+        self._add(_Job("file", name))
+
+    def mlflow(self, store: MlflowStore) -> None:
+        """Queue the MLflow store: a sqlite file as a consistent copy (sqlite's backup API) named as the default store;
+        a ``file://`` store's folder file by file under ``mlruns/`` (the files changed since the last upload;
+        the tracker has flushed before a checkpoint, so they hold every metric up to it)."""
+        self._add(_Job("mlflow" if store.sqlite else "mlflow_files", str(store.path)))
+
+    def _add(self, job: _Job) -> None:
+        with self._cv:
+            if not any(j.kind == job.kind and j.name == job.name for j in self._queue):
+                self._queue.append(job)
+                self._cv.notify_all()
+
+    def pending(self) -> list[str]:
+        with self._cv:
+            return [{"mlflow": MLFLOW_DB, "mlflow_files": MLFLOW_FILES}.get(j.kind, j.name) for j in self._queue]
+
+    def drain(self, timeout_s: float, give_up_when_failing: bool = True) -> bool:
+        """Wait until everything queued is uploaded (True), ``timeout_s`` passes, or (``give_up_when_failing``)
+        one more attempt has failed since the call: a store that is down does not hold an exit."""
+        end = time.monotonic() + max(timeout_s, 0.0)
+        failing_at_start = self.failing
+        with self._cv:
+            while self._queue or self._busy:
+                left = end - time.monotonic()
+                if left <= 0 or (give_up_when_failing and self.failing > failing_at_start):
+                    return False
+                self._cv.wait(min(left, 0.5))
+        return True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    # -- the worker --
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                job, self._busy = self._queue[0], True
+            try:
+                self._run(job)
+            except (StoreError, OSError) as e:
+                self._failed(job, e)
+                continue
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+            with self._cv:
+                if self._queue and self._queue[0] is job:
+                    self._queue.pop(0)
+                self._cv.notify_all()
+            self._recovered()
+
+    def _run(self, job: _Job) -> None:
+        t0 = time.monotonic()
+        if job.kind == "checkpoint":
+            self._upload_checkpoint(job)
+        elif job.kind == "mlflow":
+            self._upload_mlflow(Path(job.name))
+        elif job.kind == "mlflow_files":
+            self._upload_mlflow_files(Path(job.name))
+        else:
+            path = self.dir / job.name
+            if path.is_file():
+                self._put(path, job.name)
+        self.upload_s += time.monotonic() - t0
+
+    def _put(self, path: Path, rel: str) -> None:
+        self.store.put_file(path, rel)
+        self.uploaded_bytes += path.stat().st_size
+
+    def _upload_checkpoint(self, job: _Job) -> None:
+        assert job.staged is not None
+        files = sorted(f for f in job.staged.iterdir() if f.name != ck.DONE_FILE)
+        self.store.delete([f"{job.name}/{ck.DONE_FILE}"])   # a step written again is incomplete until its DONE
+        for f in files:
+            self._put(f, f"{job.name}/{f.name}")
+        self._put(job.staged / ck.DONE_FILE, f"{job.name}/{ck.DONE_FILE}")
+        self.store.put_bytes(f"{job.name}\n".encode(), ck.LATEST)
+        self.remote_latest = job.name
+        self._log(f"mirror: {job.name} is in {self.store.url} ({sum(f.stat().st_size for f in files) / 1e6:,.1f} "
+                  "MB)")
+        shutil.rmtree(job.staged, ignore_errors=True)
+        self._prune(job.name)
+
+    def _prune(self, newest: str) -> None:
+        """``keep_last`` complete step dirs remotely (plus pinned ones and ``newest``); incomplete older ones
+        (uploads a killed machine left) go too."""
+        objects = self.store.list_objects("step_")
+        by_step: dict[str, set[str]] = {}
+        for rel in objects:
+            step_name, _, name = rel.partition("/")
+            if ck.STEP_RE.match(step_name):
+                by_step.setdefault(step_name, set()).add(name)
+        complete = sorted(s for s, names in by_step.items() if ck.DONE_FILE in names)
+        keep = set(complete[-self.keep_last:]) | {newest} | {s for s, n in by_step.items() if ck.PIN_FILE in n}
+        doomed = [s for s in by_step if s not in keep and (s in complete or s < newest)]
+        if doomed:
+            self.store.delete([f"{s}/{n}" for s in sorted(doomed) for n in sorted(by_step[s])])
+
+    def _upload_mlflow(self, db: Path) -> None:
+        if not db.is_file():
+            return
+        copy = self.dir / STAGING / f"{MLFLOW_DB}.backup"
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.unlink(missing_ok=True)
+        try:
+            src = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+            dst = sqlite3.connect(copy)
+            try:
+                src.backup(dst)
+            finally:
+                dst.close()
+                src.close()
+        except sqlite3.Error as e:
+            raise OSError(f"the MLflow store {db} could not be copied ({e})") from None
+        self._put(copy, MLFLOW_DB)
+        copy.unlink(missing_ok=True)
+
+    def _upload_mlflow_files(self, root: Path) -> None:
+        if not root.is_dir():
+            return
+        for f in sorted(p for p in root.rglob("*") if p.is_file()):
+            st = f.stat()
+            rel = f.relative_to(root).as_posix()
+            if self._sent.get(rel) != (st.st_size, st.st_mtime_ns):
+                self._put(f, f"{MLFLOW_FILES}/{rel}")
+                self._sent[rel] = (st.st_size, st.st_mtime_ns)
+
+    # -- episodes --
+    def _failed(self, job: _Job, e: BaseException) -> None:
+        what = e.detail if isinstance(e, StoreError) else f"{type(e).__name__}: {e}"
+        if isinstance(e, FileNotFoundError) and job.kind != "checkpoint":
+            with self._cv:   # a file that is gone has nothing to upload
+                if self._queue and self._queue[0] is job:
+                    self._queue.pop(0)
+            return
+        self.failing += 1
+        self.last_error = what
+        if self.failing == 1:
+            msg = (f"the mirror to {self.store.url} failed ({what}); local checkpoints go on, the upload of "
+                   f"{job.name} is retried with backoff and the mirror catches up when the store answers")
+            self._log(f"WARNING: {msg}")
+            self._send(f"x1 checkpoint mirror failing ({self.store.url})", msg + ". No further alert until it "
+                       "recovers.")
+        delay = BACKOFF_S[min(self.failing - 1, len(BACKOFF_S) - 1)]
+        if self._wait is not None:
+            self._wait(delay)
+            return
+        with self._cv:
+            self._cv.wait_for(lambda: self._closed, timeout=delay)
+
+    def _recovered(self) -> None:
+        if not self.failing:
+            return
+        with self._cv:
+            idle = not self._queue
+        if not idle:
+            return
+        failed, self.failing = self.failing, 0
+        msg = f"the mirror to {self.store.url} has caught up after {failed} failed attempt(s)"
+        self._log(f"mirror: {msg} (remote latest {self.remote_latest or 'unchanged'})")
+        self._send(f"x1 checkpoint mirror recovered ({self.store.url})", msg + ".")
+
+    def _send(self, subject: str, body: str) -> None:
+        if self._alert is None:
+            return
+        try:
+            self._alert(subject, body)
+        except Exception as e:   # an alert must not stop the mirror
+            self._log(f"warning: a mirror alert could not be sent ({e})")

@@ -1,0 +1,155 @@
+"""The checkpoint mirror against a real S3 server (moto's) on 127.0.0.1: the order that keeps the remote
+readable, keep_last remotely, a store that is down, and a mirror SIGKILLed at random moments of an upload."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from x1_pretrain.core.objstore import RemoteURL, Store
+from x1_pretrain.training import checkpoint as ck
+from x1_pretrain.training.mirror import STAGING, Mirror
+
+from ..conftest import REPO
+from ..s3server import Proxy
+from ..servers import wait_until
+
+
+def _step(ckpt: Path, step: int, mb: float = 0.5) -> Path:
+    g = torch.Generator().manual_seed(step)
+    n = int(mb * 1e6 / 4)
+    snap = ck.StepSnapshot(step, {"w": torch.randn(n, generator=g)}, {"state": {}, "param_groups": []},
+                           {"step": step, "rng": ck.rng_state()})
+    return ck.write_step_dir(ckpt, snap)[0]
+
+
+def _remote_complete(store: Store, tmp: Path) -> str | None:
+    """What the remote ``latest`` names, downloaded and verified like a resume does (None: no latest yet)."""
+    raw = store.get_bytes(ck.LATEST)
+    if raw is None:
+        return None
+    name = raw.decode().strip()
+    back = tmp / f"check-{name}-{random.random()}"
+    back.mkdir()
+    for rel in store.list_objects(name + "/"):
+        store.get_file(rel, back / rel.split("/", 1)[1])
+    state, problem = ck.verify(back)
+    assert state is not None, f"the remote latest {name} is not complete: {problem}"
+    return name
+
+
+def test_a_checkpoint_goes_up_files_first_then_done_then_latest(s3env, tmp_path):
+    store = Store(RemoteURL.parse(s3env))
+    calls: list[tuple[str, str]] = []
+    store.client.meta.events.register("before-parameter-build.s3.*", lambda params, model, **_: calls.append(
+        (model.name, params.get("Key", ""))))
+    path = _step(tmp_path / "c", 5)
+    mirror = Mirror(store, tmp_path / "c", keep_last=3, log=print).start()
+    mirror.checkpoint(path)
+    assert mirror.drain(60)
+    mirror.close()
+    puts = [k.rsplit("/", 2)[-2:] for op, k in calls if op in ("PutObject", "CreateMultipartUpload")]
+    assert calls[0][0] == "DeleteObjects"   # the step's old DONE first: a rewritten step is incomplete until done
+    assert [p[-1] for p in puts] == ["model.safetensors", "optimizer.pt", "trainer_state.json", "DONE", "latest"]
+    assert _remote_complete(store, tmp_path) == "step_0000005"
+    prefix = RemoteURL.parse(s3env).prefix
+    assert store.get_bytes("step_0000005/model.safetensors") == (path / "model.safetensors").read_bytes()
+    assert not any((tmp_path / "c" / STAGING).iterdir())   # the staged links are gone once uploaded
+    assert all(k.startswith(prefix + "/") for k in [k for _, k in calls if k])
+
+
+def test_keep_last_holds_remotely_and_pinned_checkpoints_stay(s3env, tmp_path):
+    store = Store(RemoteURL.parse(s3env))
+    ckpt = tmp_path / "c"
+    store.put_bytes(b"half", "step_0000002/model.safetensors")    # a killed machine's incomplete upload
+    mirror = Mirror(store, ckpt, keep_last=2, log=print).start()
+    for step in (1, 3, 4, 5):
+        path = _step(ckpt, step, mb=0.1)
+        if step == 1:
+            (path / ck.PIN_FILE).write_text("keep\n")
+        mirror.checkpoint(path)
+        assert mirror.drain(60)
+    mirror.close()
+    dirs = {k.split("/")[0] for k in store.list_objects("step_")}
+    assert dirs == {"step_0000001", "step_0000004", "step_0000005"}
+    assert _remote_complete(store, tmp_path) == "step_0000005"
+
+
+def test_a_store_that_is_down_warns_once_alerts_once_and_catches_up(s3, s3env, tmp_path):
+    proxy = Proxy(s3.port)
+    os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint   # monkeypatched by s3env: undone after the test
+    store = Store(RemoteURL.parse(s3env), connect_timeout_s=2, read_timeout_s=5, attempts=1)
+    lines: list[str] = []
+    alerts: list[str] = []
+    waits: list[float] = []
+
+    def sleep(s: float) -> None:   # the backoff, without the wall clock: the store comes back after 4 failures
+        waits.append(s)
+        if len(waits) == 4:
+            proxy.refusing = False
+
+    proxy.refusing = True
+    mirror = Mirror(store, tmp_path / "c", keep_last=3, log=lines.append, alert=lambda s, b: alerts.append(s),
+                    sleep=sleep).start()
+    try:
+        mirror.checkpoint(_step(tmp_path / "c", 1, mb=0.1))
+        mirror.checkpoint(_step(tmp_path / "c", 2, mb=0.1))   # while down: replaces step 1 if not started
+        mirror.file(ck.EXIT_STATUS)
+        assert wait_until(lambda: not mirror.pending() and mirror.failing == 0, timeout=60)
+    finally:
+        mirror.close()
+        proxy.close()
+    assert waits == [2.0, 4.0, 8.0, 16.0]
+    warnings = [x for x in lines if x.startswith("WARNING")]
+    assert len(warnings) == 1 and "retried with backoff" in warnings[0]
+    assert alerts == [f"x1 checkpoint mirror failing ({store.url})", f"x1 checkpoint mirror recovered ({store.url})"]
+    assert any("caught up after 4 failed attempt(s)" in x for x in lines)
+    os.environ["AWS_ENDPOINT_URL"] = s3.endpoint
+    assert _remote_complete(Store(RemoteURL.parse(s3env)), tmp_path) == "step_0000002"
+
+
+CHILD = """
+import sys
+from pathlib import Path
+from x1_pretrain.core.objstore import RemoteURL, Store
+from x1_pretrain.training.mirror import Mirror
+ckpt, url = Path(sys.argv[1]), sys.argv[2]
+mirror = Mirror(Store(RemoteURL.parse(url)), ckpt, keep_last=2, log=print).start()
+for name in sys.argv[3:]:
+    mirror.checkpoint(ckpt / name)
+    mirror.drain(600)
+print("all uploaded", flush=True)
+"""
+
+
+def test_the_remote_latest_is_complete_whenever_the_mirror_is_killed(s3, s3env, tmp_path):
+    """SIGKILL at moments drawn at random inside the uploads (by bytes sent, not by the clock): the remote's
+    latest always names a checkpoint whose every file is there and verifies."""
+    ckpt = tmp_path / "c"
+    names = [_step(ckpt, s, mb=3.0).name for s in (1, 2, 3)]
+    proxy = Proxy(s3.port)
+    store = Store(RemoteURL.parse(s3env))
+    env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(REPO / "src")}
+    rng = random.Random(1234)
+    seen = set()
+    try:
+        for attempt in range(4):
+            start = proxy.bytes_up
+            cut = rng.uniform(0.05, 0.95) * 3 * 6e6   # somewhere in the three checkpoints' ~18 MB
+            child = subprocess.Popen([sys.executable, "-c", CHILD, str(ckpt), s3env, *names], env=env, cwd=REPO,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            reached = wait_until(lambda s=start, c=cut, p=child: proxy.bytes_up - s >= c or p.poll() is not None,
+                                 timeout=120)
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            assert reached, f"attempt {attempt}: the upload did not progress"
+            seen.add(_remote_complete(store, tmp_path))
+    finally:
+        proxy.close()
+    assert seen - {None}, "no kill left a complete checkpoint behind: the cuts were all too early"
