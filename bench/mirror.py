@@ -45,7 +45,7 @@ def _server(log: Path) -> tuple[subprocess.Popen, str]:
             return proc, f"http://127.0.0.1:{port}"
         except OSError:
             time.sleep(0.1)
-    raise SystemExit("moto_server did not start (pip install 'moto[server]')")
+    raise SystemExit("moto_server did not start (pip install -e '.[test]': moto[s3,iam], flask, flask-cors)")
 
 
 def _loop(steps: int, ckpt_every: int, ckpt_dir: Path, model_mb: float, mirror) -> list[float]:

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -17,7 +18,7 @@ from x1_pretrain.training import checkpoint as ck
 from x1_pretrain.training.mirror import Mirror
 from x1_pretrain.training.remote_resume import RemoteUnavailable, pull
 
-from ..procs import losses, start, train_cmd, wait_for
+from ..procs import losses, progress_step, start, train_cmd, wait_for
 from ..s3server import Proxy, free_port
 from .test_mirror import _step
 
@@ -149,3 +150,57 @@ def test_a_file_store_goes_up_file_by_file_and_comes_back_whole(s3env, tmp_path)
     pull(store, tmp_path / "machine-b" / "c", print, MlflowStore(back, sqlite=False))
     assert (back / "1" / "run" / "metrics" / "train" / "loss").read_text() == "1 10.9 1\n2 10.7 2\n"
     assert (back / "1" / "meta.yaml").read_text() == "name: x1-pretraining\n"
+
+
+@pytest.mark.slow
+def test_a_stop_uploads_its_checkpoint_and_the_watchdog_resumes_on_an_empty_disk(s3env, demo_data, tmp_path):
+    """SIGTERM: the stop checkpoint is in the bucket before the process exits 75 (and its exit status); then the
+    watchdog, on a machine with nothing local, relaunches the same command and finishes from the bucket."""
+    a = tmp_path / "machine-a"
+    proc = start(train_cmd(demo_data, a, 10, "--ckpt-remote", s3env, ckpt_every=1000), tmp_path / "a.log",
+                 dict(os.environ))
+    wait_for(lambda: progress_step(a) >= 3, proc=proc)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(120) == 75
+    store = Store(RemoteURL.parse(s3env))
+    stopped = ck.read_latest(a)
+    assert stopped is not None and store.get_bytes("latest") == f"{stopped}\n".encode()
+    assert json.loads(store.get_bytes(ck.EXIT_STATUS))["exit_code"] == 75
+    assert "is up to date" in (tmp_path / "a.log").read_text()
+    b = tmp_path / "machine-b"
+    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--",
+           *train_cmd(demo_data, b, 10, "--ckpt-remote", s3env, "--resume-from-latest", ckpt_every=1000, seed=False)]
+    out = _run(cmd, os.environ, tmp_path / "b.log")
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert f"{stopped} came down" in out.stdout
+    assert min(losses(b)) == 1 and max(losses(b)) == 10      # A's steps (its MLflow copy) and B's, one run
+    assert store.get_bytes("latest") == b"step_0000010\n"
+
+
+def _budget_file(path, machine: str, spent: float) -> str:
+    from datetime import datetime, timezone
+
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    path.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.10, "hours_elapsed": 1.0,
+                                "projected_total_usd": spent + 1.0, "last_update_utc": stamp, "provider": "runpod",
+                                "resource_id": machine}))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_the_cap_holds_for_the_sum_of_two_machines(s3env, demo_data, tmp_path):
+    """Machine A spent $20 and was lost; machine B's sidecar counts only B ($16, under the cap alone). Resumed on
+    B from the bucket, the ledger brings A's spend along: $36 is over the $35 cap and B does not train."""
+    budget = ("--budget-cap-usd", "35", "--budget-alert-usd", "34", "--budget-expected-step-s", "0.01")
+    a = tmp_path / "machine-a"
+    out = _run(train_cmd(demo_data, a, 4, "--ckpt-remote", s3env, *budget, "--budget-curr-cost-uri",
+                         _budget_file(tmp_path / "a.json", "pod-a", 20.0), ckpt_every=2), os.environ,
+               tmp_path / "a.log")
+    assert out.returncode == 0, out.stdout[-3000:]
+    b = tmp_path / "machine-b"
+    b_json = _budget_file(tmp_path / "b.json", "pod-b", 16.0)
+    out = _run(train_cmd(demo_data, b, 4, "--ckpt-remote", s3env, "--resume-from-latest", *budget,
+                         "--budget-curr-cost-uri", b_json, ckpt_every=2, seed=False), os.environ, tmp_path / "b.log")
+    assert out.returncode == 3, out.stdout[-3000:]
+    assert "the cost ledger came down ($20.0" in out.stdout
+    assert "spent $36.0" in out.stdout and "over the cap $35.00" in out.stdout   # $20 on A + $16 on B
