@@ -237,7 +237,7 @@ def test_spend_across_two_machines_is_their_sum_with_the_fixed_lines_once():
     later = NOW + timedelta(hours=1)
     d, mem = decide(_on("pod-b", 4.0, later), LIMITS, later, SLOW, mem)
     a_compute = 23.0 + 1.10 / 60 - 3.0
-    assert d.spent_usd == pytest.approx(a_compute + 4.0 + 1.10 / 60)
+    assert d.spent_usd == pytest.approx(a_compute + 4.0 + 1.10 / 60, abs=1e-4)   # bills kept to 1e-4 dollars
     assert mem.machine == "runpod:pod-b" and mem.machines == (("runpod:pod-a", round(a_compute, 4)),)
     assert any("another machine" in w for w in d.warnings)
     # the cap holds for the sum: B alone ($14 + $3) is far below $35, A + B is above
@@ -246,16 +246,34 @@ def test_spend_across_two_machines_is_their_sum_with_the_fixed_lines_once():
     assert 17.0 + 1.10 / 60 < LIMITS.cap_usd < d.spent_usd
 
 
-def test_a_machine_move_keeps_projections_and_the_ledger_round_trip():
+def test_after_a_move_the_guard_projects_from_the_steps_left_not_the_sidecars_planned_hours():
+    """B's sidecar projects its planned 24 h from B's own start ($30): added to A's compute that would count A's
+    hours twice. After a move the guard's own projection (steps left at the measured speed) decides."""
     mem = Memory()
     _, mem = decide(_on("pod-a", 13.0), LIMITS, NOW, SLOW, mem)
-    # B's sidecar projects $30 for B alone: with A's $10 of compute the run's projection is over the cap
     at = NOW + timedelta(hours=2)
-    d, mem = decide(_on("pod-b", 5.0, at, projected=30.0), LIMITS, at, SLOW, mem)
+    d, mem = decide(_on("pod-b", 5.0, at, projected=30.0), LIMITS, at, Progress(1000, 2000, 500.0), mem)
+    spent = (13.0 + 1.10 / 60 - 3.0) + 5.0 + 1.10 / 60
+    assert d.file_projection_usd is None and d.action == Action.CONTINUE
+    assert d.projected_usd == pytest.approx(spent + 1.10 * (2 + DEFAULT_RESERVE_MIN / 60), abs=0.01)
+    d, _ = decide(_on("pod-b", 5.0, at), LIMITS, at, Progress(1000, 2000, 50.0), mem)   # 20 h left: over
     assert d.action == Action.CHECKPOINT_AND_EXIT
-    assert d.file_projection_usd == pytest.approx(30.0 + (13.0 + 1.10 / 60 - 3.0) + 1.10 / 60)
     back = memory_from_json(memory_to_json(mem))
     assert (back.machine, back.earlier_usd, back.machines) == (mem.machine, mem.earlier_usd, mem.machines)
+
+
+def test_back_on_a_machine_seen_before_its_bill_is_not_counted_twice():
+    """A -> B -> A (a stopped pod resumed with its id and its sidecar's state): A's reading carries both of A's
+    stints, so only B's bill is added to it."""
+    mem = Memory()
+    _, mem = decide(_on("pod-a", 13.0), LIMITS, NOW, SLOW, mem)
+    at = NOW + timedelta(hours=2)
+    _, mem = decide(_on("pod-b", 7.0, at), LIMITS, at, SLOW, mem)
+    at2 = at + timedelta(hours=1)
+    d, mem = decide(_on("pod-a", 14.2, at2), LIMITS, at2, SLOW, mem)
+    b_compute = 7.0 + 1.10 / 60 - 3.0
+    assert dict(mem.machines) == {"runpod:pod-b": pytest.approx(b_compute, abs=1e-4)}
+    assert d.spent_usd == pytest.approx(b_compute + 14.2 + 1.10 / 60, abs=1e-3)
 
 
 def test_readings_of_one_machine_never_count_twice_and_old_sidecars_stay_one_machine():

@@ -55,7 +55,8 @@ def test_a_checkpoint_goes_up_files_first_then_done_then_latest(s3env, tmp_path)
     assert mirror.drain(60)
     mirror.close()
     puts = [k.rsplit("/", 2)[-2:] for op, k in calls if op in ("PutObject", "CreateMultipartUpload")]
-    assert calls[0][0] == "DeleteObjects"   # the step's old DONE first: a rewritten step is incomplete until done
+    writes = [op for op, _ in calls if op not in ("GetObject", "ListObjectsV2")]
+    assert writes[0] == "DeleteObjects"   # the step's old DONE first: a rewritten step is incomplete until done
     assert [p[-1] for p in puts] == ["model.safetensors", "optimizer.pt", "trainer_state.json", "DONE", "latest"]
     assert _remote_complete(store, tmp_path) == "step_0000005"
     prefix = RemoteURL.parse(s3env).prefix
@@ -153,3 +154,83 @@ def test_the_remote_latest_is_complete_whenever_the_mirror_is_killed(s3, s3env, 
     finally:
         proxy.close()
     assert seen - {None}, "no kill left a complete checkpoint behind: the cuts were all too early"
+
+
+def test_a_newer_checkpoint_never_cancels_the_upload_in_progress(s3, s3env, tmp_path):
+    """Step 1's upload hangs (the link stalls); steps 2 and 3 are written meanwhile: step 1 still completes,
+    step 3 replaces the unstarted step 2, and the remote ends at step 3."""
+    proxy = Proxy(s3.port)
+    proxy.hold_on = b"step_0000001"
+    os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint    # restored by s3env's monkeypatch
+    store = Store(RemoteURL.parse(s3env))
+    lines: list[str] = []
+    mirror = Mirror(store, tmp_path / "c", keep_last=3, log=lines.append).start()
+    try:
+        mirror.checkpoint(_step(tmp_path / "c", 1, mb=0.1))
+        assert wait_until(lambda: not proxy.flowing.is_set(), timeout=60)   # step 1 is on the wire, held
+        mirror.checkpoint(_step(tmp_path / "c", 2, mb=0.1))
+        mirror.checkpoint(_step(tmp_path / "c", 3, mb=0.1))
+        assert mirror.pending() == ["step_0000001", "step_0000003"]
+        proxy.resume()
+        assert mirror.drain(60)
+    finally:
+        mirror.close()
+        proxy.close()
+    assert any("step_0000002 was not uploaded yet; step_0000003 replaces it" in x for x in lines)
+    assert not [x for x in lines if x.startswith("WARNING")]
+    os.environ["AWS_ENDPOINT_URL"] = s3.endpoint
+    check = Store(RemoteURL.parse(s3env))
+    assert {k.split("/")[0] for k in check.list_objects("step_")} == {"step_0000001", "step_0000003"}
+    assert _remote_complete(check, tmp_path) == "step_0000003"
+
+
+def test_refused_credentials_mid_run_are_an_episode_not_a_dead_thread(s3env, tmp_path, monkeypatch):
+    """A key revoked mid-run: boto3's upload raises its own S3UploadFailedError around the refusal; the
+    mirror warns once, keeps its thread, and retries."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "revoked-secret-999")
+    store = Store(RemoteURL.parse(s3env), attempts=1)
+    lines: list[str] = []
+    waits: list[float] = []
+    mirror = Mirror(store, tmp_path / "c", keep_last=3, log=lines.append, sleep=waits.append).start()
+    try:
+        mirror.checkpoint(_step(tmp_path / "c", 1, mb=0.1))
+        assert wait_until(lambda: len(waits) >= 2, timeout=60)
+        assert mirror._thread is not None and mirror._thread.is_alive()
+    finally:
+        mirror.close()
+    warnings = [x for x in lines if x.startswith("WARNING")]
+    assert len(warnings) == 1 and ("SignatureDoesNotMatch" in warnings[0] or "auth" in warnings[0])
+    assert "revoked-secret-999" not in "\n".join(lines)
+
+
+def test_a_rewritten_latest_step_is_never_named_without_its_done_and_abandoned_steps_go(s3env, tmp_path):
+    """A run that resumed from step 2 while the remote had steps 2 and 4: writing step 2 again first points
+    latest elsewhere, and once it is up the abandoned step 4 is removed (a later resume must not jump to it).
+    A PIN added locally after an upload holds remotely too."""
+    store = Store(RemoteURL.parse(s3env))
+    old = tmp_path / "old-machine"
+    mirror = Mirror(store, old, keep_last=5, log=print).start()
+    for step in (1, 2, 4):
+        mirror.checkpoint(_step(old, step, mb=0.05))
+        assert mirror.drain(60)
+    mirror.close()
+    store.put_bytes(b"step_0000002\n", "latest")    # as if the old machine died right after uploading step 2
+    calls: list[tuple[str, str]] = []
+    store.client.meta.events.register("before-parameter-build.s3.*", lambda params, model, **_: calls.append(
+        (model.name, str(params.get("Key", "")) + str(params.get("Body", b""))[:20])))
+    new = tmp_path / "new-machine"
+    mirror = Mirror(store, new, keep_last=5, log=print).start()
+    path = _step(new, 2, mb=0.05)
+    (new / "step_0000001").mkdir()
+    mirror.checkpoint(path)
+    assert mirror.drain(60)
+    first_delete = next(i for i, (op, _) in enumerate(calls) if op == "DeleteObjects")
+    assert any(op == "PutObject" and "latest" in k and "step_0000001" in k for op, k in calls[:first_delete])
+    (new / "step_0000001" / ck.PIN_FILE).write_text("keep\n")
+    mirror.checkpoint(_step(new, 3, mb=0.05))
+    assert mirror.drain(60)
+    mirror.close()
+    dirs = {k.split("/")[0] for k in store.list_objects("step_")}
+    assert dirs == {"step_0000001", "step_0000002", "step_0000003"}
+    assert "step_0000001/PIN" in store.list_objects("step_0000001/")
+    assert _remote_complete(store, tmp_path) == "step_0000003"

@@ -204,3 +204,26 @@ def test_the_cap_holds_for_the_sum_of_two_machines(s3env, demo_data, tmp_path):
     assert out.returncode == 3, out.stdout[-3000:]
     assert "the cost ledger came down ($20.0" in out.stdout
     assert "spent $36.0" in out.stdout and "over the cap $35.00" in out.stdout   # $20 on A + $16 on B
+
+
+def test_the_other_processes_of_a_node_wait_for_the_pull_and_share_its_failure(tmp_path, monkeypatch):
+    from x1_pretrain.training.remote_resume import PULLED, pulled_marker, wait_for_pull
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    ckpt = tmp_path / "c"
+    with pulled_marker(ckpt, others_wait=True):
+        pass
+    wait_for_pull(ckpt, print, timeout_s=5)          # this launch's marker: go
+    old = (ckpt / PULLED).stat().st_mtime - 3600
+    os.utime(ckpt / PULLED, (old, old))               # a marker an earlier launch left: not this one's
+    with pytest.raises(RemoteUnavailable, match="did not finish pulling"):
+        wait_for_pull(ckpt, print, timeout_s=0.5, every_s=0.05)
+    with pytest.raises(RemoteUnavailable), pulled_marker(ckpt, others_wait=True):
+        raise RemoteUnavailable("the store is down")
+    with pytest.raises(RemoteUnavailable, match="the store is down") as e:
+        wait_for_pull(ckpt, print, timeout_s=5)
+    assert e.value.exit_code == 1
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")   # the next restart does not take the old verdict
+    with pytest.raises(RemoteUnavailable, match="did not finish pulling"):
+        wait_for_pull(ckpt, print, timeout_s=0.5, every_s=0.05)

@@ -16,7 +16,9 @@ Spend (what the rules compare with the cap) is an estimate that never decreases:
   start), and when a run moves to another machine (a lost spot instance, a resume elsewhere) the compute counted
   on the earlier ones is kept (``Memory.earlier_usd``) and this machine's reading is added to it: the total the
   cap guards is their sum, the fixed lines counted once. The earlier machine's bill is what was counted at its
-  last check: the minutes between that check and its end are not seen (at most one ``check_every_min``).
+  last check: the minutes between that check and its end are not seen (at most one ``check_every_min``). After
+  a move the sidecar's ``projected_total_usd`` (one machine's planned hours) is not used: the guard's own
+  projection from the steps left is.
 
 Rules (exit-now wins over checkpoint-and-exit, which wins over alert):
 
@@ -122,8 +124,8 @@ class Memory:
     rate_usd_per_hr: float | None = None     # the newest trusted (positive) rate: ages the spend
     launch_rate_usd_per_hr: float | None = None
     machine: str | None = None               # the machine whose readings the spend follows now
-    earlier_usd: float = 0.0                 # compute billed on the run's earlier machines (in spent_usd too)
-    machines: tuple[tuple[str, float], ...] = ()   # (machine, its compute bill) of each earlier machine
+    earlier_usd: float = 0.0                 # compute billed on the run's other machines (in spent_usd too)
+    machines: tuple[tuple[str, float], ...] = ()   # (machine, its compute bill) of each other machine
 
     def spend_at(self, now: datetime) -> float | None:
         """The memory's spend aged to ``now`` at its rate."""
@@ -266,13 +268,14 @@ def _switch_machine(machine: str, notes: _Notes) -> None:
     carries them again), becomes the earlier machines' share."""
     m = notes.memory
     fixed = (m.last_good.fixed_usd or 0.0) if m.last_good else 0.0
-    total = m.spent_usd or 0.0
-    gone = max(total - m.earlier_usd - fixed, 0.0)
+    bills = dict(m.machines)
+    bills[str(m.machine)] = round(max((m.spent_usd or 0.0) - m.earlier_usd - fixed, 0.0), 4)
+    bills.pop(machine, None)   # back on a machine seen before: its own reading carries its whole bill
+    earlier = sum(bills.values())
     notes.warnings.append(f"budget: the run is on another machine ({machine}; was {m.machine}): the "
-                          f"${max(total - fixed, 0.0):.2f} of compute counted on earlier machines is added to this "
-                          "machine's bill")
-    notes.memory = replace(m, machine=machine, earlier_usd=max(total - fixed, 0.0), last_good=None,
-                           machines=(*m.machines, (str(m.machine), round(gone, 4))))
+                          f"${earlier:.2f} of compute counted on the other machines is added to this machine's bill")
+    notes.memory = replace(m, machine=machine, earlier_usd=earlier, last_good=None,
+                           machines=tuple(sorted(bills.items())))
 
 
 def _accept(snap: Snapshot, limits: Limits, now: datetime, notes: _Notes) -> float:
@@ -375,8 +378,10 @@ def _finish(notes: _Notes, unknown: str | None, limits: Limits, now: datetime, p
     if progress.steps_per_hour and progress.steps_per_hour > 0 and rate:
         remaining_h = max(progress.total_steps - progress.steps_done, 0) / progress.steps_per_hour
         own = money_now(limits, m, spent, progress).total_usd(remaining_h, buffer=False)
-    file_proj = m.last_good.projected_total_usd + (spent - m.last_good.spent_usd) if m.last_good else None
-    # (spent - the reading's spent: the earlier machines' share and the ageing since the reading)
+    # the sidecar's own projection (its planned hours from its start) is one machine's: after a move it would
+    # count the earlier machines' hours again, so then only the guard's projection (steps left) counts
+    file_proj = m.last_good.projected_total_usd + (spent - m.last_good.spent_usd) \
+        if m.last_good and not m.machines else None
     projected = max(x for x in (own, file_proj, spent) if x is not None)
     if projected > limits.cap_usd:
         return _decision(notes, Action.CHECKPOINT_AND_EXIT, f"projected total ${projected:.2f} is above the cap "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import redact
 from .errors import X1Error
 
 SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
@@ -78,11 +79,22 @@ def scrub(text: str) -> str:
 
 
 def classify(e: BaseException) -> StoreError:
-    """A botocore exception as a :class:`StoreError`."""
+    """A botocore (or boto3 transfer) exception as a :class:`StoreError`."""
+    from boto3 import exceptions as b3x
     from botocore import exceptions as bx
 
     if isinstance(e, StoreError):
         return e
+    if isinstance(e, (b3x.S3UploadFailedError, b3x.RetriesExceededError)):
+        cause = e.__cause__ or e.__context__   # upload_file wraps the ClientError it got
+        if cause is not None and cause is not e and not isinstance(cause, (b3x.S3UploadFailedError,
+                                                                           b3x.RetriesExceededError)):
+            try:
+                return classify(cause)
+            except Exception:
+                pass
+        text = scrub(f"{type(e).__name__}: {e}")
+        return StoreError("auth" if any(c in text for c in AUTH_CODES if len(c) > 3) else "unreachable", text)
     if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
         return StoreError("auth", f"no usable credentials ({scrub(str(e))})")
     if isinstance(e, bx.ClientError):
@@ -100,7 +112,7 @@ def classify(e: BaseException) -> StoreError:
     if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError,
                       bx.ConnectionClosedError, bx.ProxyConnectionError, ConnectionError, TimeoutError)):
         return StoreError("unreachable", scrub(f"{type(e).__name__}: {e}"))
-    if isinstance(e, bx.BotoCoreError):
+    if isinstance(e, (bx.BotoCoreError, b3x.Boto3Error)):
         return StoreError("other", scrub(f"{type(e).__name__}: {e}"))
     raise e
 
@@ -132,7 +144,7 @@ class Store:
 
     def endpoint(self) -> str:
         try:
-            return scrub(str(self.client.meta.endpoint_url))
+            return scrub(redact.url(str(self.client.meta.endpoint_url)) or "")
         except Exception as e:  # a malformed AWS_ENDPOINT_URL
             return f"(no endpoint: {scrub(str(e))})"
 
@@ -161,7 +173,9 @@ class Store:
     def put_file(self, path: Path, rel: str) -> None:
         from boto3.s3.transfer import TransferConfig
 
-        config = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, max_concurrency=4)
+        # no transfer threads: they are not daemons, so a hung upload would hold the process's exit past
+        # --stop-grace-s; the mirror's own (daemon) thread does the work
+        config = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, use_threads=False)
         self._call(self.client.upload_file, str(path), self.url.bucket, self.url.key(rel), Config=config)
 
     def put_bytes(self, data: bytes, rel: str) -> None:
@@ -193,10 +207,18 @@ class Store:
         return out
 
     def delete(self, rels: list[str]) -> None:
+        """Delete keys (absent ones are fine); a key the credentials may not delete is a StoreError."""
         for i in range(0, len(rels), 1000):
             chunk = [{"Key": self.url.key(r)} for r in rels[i:i + 1000]]
-            if chunk:
-                self._call(self.client.delete_objects, Bucket=self.url.bucket, Delete={"Objects": chunk, "Quiet": True})
+            if not chunk:
+                continue
+            out = self._call(self.client.delete_objects, Bucket=self.url.bucket,
+                             Delete={"Objects": chunk, "Quiet": True})
+            errors = [e for e in (out or {}).get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if errors:
+                code = str(errors[0].get("Code", ""))
+                raise StoreError("auth" if code in AUTH_CODES else "other",
+                                 scrub(f"{code}: {errors[0].get('Message', '')} ({len(errors)} key(s) not deleted)"))
 
 
 def launch_check(store: Store, log: Any) -> bool:
@@ -211,6 +233,9 @@ def launch_check(store: Store, log: Any) -> bool:
         if e.kind == "bucket":
             raise X1Error(f"--ckpt-remote {store.url}: {e.detail}; create the bucket first (aws s3 mb "
                           f"s3://{store.url.bucket}, or the provider's console) or fix the name") from None
+        if e.kind == "other":
+            raise X1Error(f"--ckpt-remote {store.url}: the store at {store.endpoint()} refused the check ({e.detail});"
+                          " check AWS_DEFAULT_REGION (the bucket's region; R2: auto) and AWS_ENDPOINT_URL") from None
         log(f"WARNING: --ckpt-remote {store.url} cannot be reached now ({e.detail}); training goes on with local "
             "checkpoints and the mirror catches up when the store answers")
         return False

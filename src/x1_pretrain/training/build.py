@@ -317,7 +317,10 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
         tracker.log_metrics(step, {N.CHECKPOINT_SAVE_S: secs, N.CHECKPOINT_MB_PER_S: size / 1e6 / max(secs, 1e-9),
                                    N.CHECKPOINT_SIZE_MB: size / 1e6})
         if ctx.mirror is not None:   # staged now (before the prune), uploaded by the mirror's thread
-            ctx.mirror.checkpoint(path)
+            try:
+                ctx.mirror.checkpoint(path)
+            except OSError as e:   # the mirror must never fail a checkpoint that is on disk
+                ctx.log(f"warning: {path.name} could not be staged for the mirror ({e}); the next one will be")
             for name in (LEDGER_FILE, ck.EXIT_STATUS):
                 ctx.mirror.file(name)
             if ctx.mlflow_store is not None:

@@ -152,7 +152,7 @@ def prune(ckpt_dir: Path, keep_last: int) -> list[Path]:
             continue
         shutil.rmtree(p, ignore_errors=True)
         removed.append(p)
-    for stale in ckpt_dir.glob(".step_*.tmp-*"):  # left by a process killed mid-write
+    for stale in [*ckpt_dir.glob(".step_*.tmp-*"), *ckpt_dir.glob(".step_*.pull-*")]:  # a process killed mid-write
         pid = stale.name.rsplit("-", 1)[-1]
         if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import names as N
-from ..core.objstore import Store, StoreError
+from ..core.objstore import Store, StoreError, scrub
 from . import checkpoint as ck
 
 STAGING = ".mirror"
@@ -108,7 +108,8 @@ class Mirror:
                     shutil.copy2(f, staged / f.name)
         step = int(ck.STEP_RE.match(step_dir.name).group(1))  # type: ignore[union-attr]
         with self._cv:
-            for old in [j for j in self._queue if j.kind == "checkpoint" and j.step < step]:
+            started = self._queue[0] if self._busy and self._queue else None
+            for old in [j for j in self._queue if j.kind == "checkpoint" and j.step < step and j is not started]:
                 self._queue.remove(old)      # not started: the newer one replaces it
                 if old.staged is not None:
                     shutil.rmtree(old.staged, ignore_errors=True)
@@ -136,15 +137,15 @@ class Mirror:
         with self._cv:
             return [{"mlflow": MLFLOW_DB, "mlflow_files": MLFLOW_FILES}.get(j.kind, j.name) for j in self._queue]
 
-    def drain(self, timeout_s: float, give_up_when_failing: bool = True) -> bool:
-        """Wait until everything queued is uploaded (True), ``timeout_s`` passes, or (``give_up_when_failing``)
-        one more attempt has failed since the call: a store that is down does not hold an exit."""
+    def drain(self, timeout_s: float, failures: int = 1) -> bool:
+        """Wait until everything queued is uploaded (True), ``timeout_s`` passes, or ``failures`` more attempts
+        have failed since the call (0: never give up early): a store that is down does not hold an exit."""
         end = time.monotonic() + max(timeout_s, 0.0)
         failing_at_start = self.failing
         with self._cv:
             while self._queue or self._busy:
                 left = end - time.monotonic()
-                if left <= 0 or (give_up_when_failing and self.failing > failing_at_start):
+                if left <= 0 or (failures and self.failing >= failing_at_start + failures):
                     return False
                 self._cv.wait(min(left, 0.5))
         return True
@@ -169,6 +170,9 @@ class Mirror:
                 self._run(job)
             except (StoreError, OSError) as e:
                 self._failed(job, e)
+                continue
+            except Exception as e:   # anything else from the client: retried like a store failure, never fatal
+                self._failed(job, StoreError("other", scrub(f"{type(e).__name__}: {e}")))
                 continue
             finally:
                 with self._cv:
@@ -200,30 +204,55 @@ class Mirror:
 
     def _upload_checkpoint(self, job: _Job) -> None:
         assert job.staged is not None
-        files = sorted(f for f in job.staged.iterdir() if f.name != ck.DONE_FILE)
-        self.store.delete([f"{job.name}/{ck.DONE_FILE}"])   # a step written again is incomplete until its DONE
-        for f in files:
-            self._put(f, f"{job.name}/{f.name}")
-        self._put(job.staged / ck.DONE_FILE, f"{job.name}/{ck.DONE_FILE}")
-        self.store.put_bytes(f"{job.name}\n".encode(), ck.LATEST)
-        self.remote_latest = job.name
-        self._log(f"mirror: {job.name} is in {self.store.url} ({sum(f.stat().st_size for f in files) / 1e6:,.1f} "
-                  "MB)")
+        if job.name != self.remote_latest:   # not uploaded by this process already (a retry after a failed prune)
+            files = sorted(f for f in job.staged.iterdir() if f.name != ck.DONE_FILE)
+            self._unname(job.name)
+            self.store.delete([f"{job.name}/{ck.DONE_FILE}"])   # a step written again is incomplete until its DONE
+            for f in files:
+                self._put(f, f"{job.name}/{f.name}")
+            self._put(job.staged / ck.DONE_FILE, f"{job.name}/{ck.DONE_FILE}")
+            self.store.put_bytes(f"{job.name}\n".encode(), ck.LATEST)
+            self.remote_latest = job.name
+            self._log(f"mirror: {job.name} is in {self.store.url} "
+                      f"({sum(f.stat().st_size for f in files) / 1e6:,.1f} MB)")
+        try:
+            self._prune(job.name)
+        except StoreError as e:   # the checkpoint is up: a prune that fails is tried again after the next one
+            self._log(f"warning: the mirror could not prune old checkpoints in {self.store.url} ({e.detail})")
         shutil.rmtree(job.staged, ignore_errors=True)
-        self._prune(job.name)
+
+    def _unname(self, name: str) -> None:
+        """Before a step already named by the remote's ``latest`` is written again, ``latest`` names another
+        complete step (or nothing), so it never names one without its DONE."""
+        if self.store.get_bytes(ck.LATEST) != f"{name}\n".encode():
+            return
+        others = sorted(k.split("/")[0] for k in self.store.list_objects("step_")
+                        if k.endswith("/" + ck.DONE_FILE) and not k.startswith(name + "/"))
+        if others:   # the newest one before it (the timeline this run continues), else any
+            self.store.put_bytes(f"{([o for o in others if o < name] or others)[-1]}\n".encode(), ck.LATEST)
+        else:
+            self.store.delete([ck.LATEST])
 
     def _prune(self, newest: str) -> None:
-        """``keep_last`` complete step dirs remotely (plus pinned ones and ``newest``); incomplete older ones
-        (uploads a killed machine left) go too."""
+        """``keep_last`` complete step dirs remotely (plus pinned ones and ``newest``). Incomplete older ones
+        (uploads a killed machine left) go too, and so do steps newer than ``newest``: a run that resumed from
+        an earlier checkpoint has abandoned them, and a later resume must not jump back to them. A PIN file
+        added locally after a step went up is uploaded and holds remotely too."""
         objects = self.store.list_objects("step_")
         by_step: dict[str, set[str]] = {}
         for rel in objects:
             step_name, _, name = rel.partition("/")
             if ck.STEP_RE.match(step_name):
                 by_step.setdefault(step_name, set()).add(name)
-        complete = sorted(s for s, names in by_step.items() if ck.DONE_FILE in names)
-        keep = set(complete[-self.keep_last:]) | {newest} | {s for s, n in by_step.items() if ck.PIN_FILE in n}
-        doomed = [s for s in by_step if s not in keep and (s in complete or s < newest)]
+        for step_name, names in by_step.items():
+            pin = self.dir / step_name / ck.PIN_FILE
+            if ck.PIN_FILE not in names and pin.is_file():
+                self._put(pin, f"{step_name}/{ck.PIN_FILE}")
+                names.add(ck.PIN_FILE)
+        pinned = {s for s, n in by_step.items() if ck.PIN_FILE in n}
+        complete = sorted(s for s, names in by_step.items() if ck.DONE_FILE in names and s <= newest)
+        keep = set(complete[-self.keep_last:]) | {newest} | pinned
+        doomed = [s for s in by_step if s not in keep]
         if doomed:
             self.store.delete([f"{s}/{n}" for s in sorted(doomed) for n in sorted(by_step[s])])
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ..budget.ledger import LEDGER_FILE, read
 from ..core.errors import EXIT_UNEXPECTED, X1Error
@@ -40,7 +43,19 @@ def _newest_local(ckpt_dir: Path, log: Log) -> int:
 
 def pull(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | None = None) -> str | None:
     """Bring the remote's newest complete checkpoint (when newer than the local one), its ledger, exit status
-    and MLflow copy into ``ckpt_dir``. Returns the step dir pulled, or None."""
+    and MLflow copy into ``ckpt_dir``. Returns the step dir pulled, or None. A store that fails midway or a disk
+    that fills is RemoteUnavailable (exit 1); what was half-downloaded is removed."""
+    try:
+        return _pull(store, ckpt_dir, log, mlflow_store)
+    except StoreError as e:
+        raise RemoteUnavailable(f"--ckpt-remote {store.url} failed during the download ({e.detail}); the checkpoint "
+                                f"dir {ckpt_dir} keeps what it had. Exit 1: the watchdog relaunches") from None
+    except OSError as e:
+        raise RemoteUnavailable(f"--ckpt-remote {store.url}: the download could not be written to {ckpt_dir} "
+                                f"({e.strerror or e}); free space there. Exit 1: the watchdog relaunches") from None
+
+
+def _pull(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | None) -> str | None:
     local = _newest_local(ckpt_dir, log)
     try:
         objects = store.list_objects("")
@@ -75,11 +90,14 @@ def _pull_mlflow(store: Store, objects: dict[str, int], where: MlflowStore, log:
     elif files and not where.sqlite:
         tmp = target.with_name(f".{target.name}.pull-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        for rel in files:
-            dest = tmp / rel[len(MLFLOW_FILES) + 1:]
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            store.get_file(rel, dest)
-        replace_dir(tmp, target)
+        try:
+            for rel in files:
+                dest = tmp / rel[len(MLFLOW_FILES) + 1:]
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                store.get_file(rel, dest)
+            replace_dir(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     else:
         return
     log(f"remote: the run's MLflow store came down to {target} (its copy at the last checkpoint)")
@@ -154,3 +172,55 @@ def _pull_ledger(store: Store, ckpt_dir: Path, objects: dict[str, int], log: Log
     if _spent(remote) > _spent(local):
         write_text_atomic(ckpt_dir / LEDGER_FILE, json.dumps(remote, indent=1) + "\n")
         log(f"remote: the cost ledger came down (${_spent(remote):.2f} counted so far): the spend starts there")
+
+
+# -- several processes on one node (torchrun): the first pulls, the others wait for it ------------------------
+PULLED = ".remote-pulled"
+PULL_WAIT_S = 3600.0     # a checkpoint of many GB over a slow link
+
+
+def _launch_token() -> str:
+    """The same for every process of one torchrun launch (and restart), different for the next."""
+    keys = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT")
+    return "/".join(os.environ.get(k, "") for k in keys)
+
+
+@contextmanager
+def pulled_marker(ckpt_dir: Path, others_wait: bool) -> Iterator[None]:
+    """Around the pull of a node's first process: ``<ckpt-dir>/.remote-pulled`` says to the others of this launch
+    that it is done, and whether it worked (they then exit with the same code)."""
+    if not others_wait:
+        yield
+        return
+    outcome: dict[str, Any] = {"token": _launch_token(), "ok": True}
+    try:
+        yield
+    except X1Error as e:
+        outcome.update(ok=False, error=str(e).splitlines()[0], code=e.exit_code)
+        raise
+    finally:
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(ckpt_dir / PULLED, json.dumps(outcome))
+
+
+def wait_for_pull(ckpt_dir: Path, log: Log, timeout_s: float = PULL_WAIT_S, every_s: float = 0.2) -> None:
+    """Wait (the other processes of a node) until the first one has pulled: its marker of this launch, written
+    after this process started. Its failure is raised here with its exit code."""
+    token, since = _launch_token(), time.time() - 5.0
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            marker = ckpt_dir / PULLED
+            data = json.loads(marker.read_text()) if marker.stat().st_mtime >= since else None
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict) and data.get("token") == token:
+            if data.get("ok"):
+                return
+            err = RemoteUnavailable(f"the node's first process could not pull from the remote: {data.get('error')}")
+            err.exit_code = int(data.get("code") or EXIT_UNEXPECTED)
+            raise err
+        time.sleep(every_s)
+    raise RemoteUnavailable(f"the node's first process did not finish pulling the checkpoint within {timeout_s:.0f} s;"
+                            " exit 1: the watchdog relaunches")
+

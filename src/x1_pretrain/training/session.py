@@ -210,10 +210,14 @@ def open_remote(opts: TrainOptions, cfg: C.Config, world: Any, log: Log) -> Any:
         return None
     from ..core.objstore import RemoteURL, Store, StoreError, launch_check
     from .mirror import mlflow_store
-    from .remote_resume import pull
+    from .remote_resume import pull, pulled_marker, wait_for_pull
 
     store = Store(RemoteURL.parse(cfg.checkpoint.remote, "checkpoint.remote (--ckpt-remote)"))
-    reachable = launch_check(store, log) if world.local_rank == 0 else False
+    if world.local_rank != 0:   # one process a node checks and pulls; the others wait for it (below)
+        if opts.resume and not opts.dry_run_budget:
+            wait_for_pull(opts.ckpt_dir, log)
+        return store
+    reachable = launch_check(store, log)
     if reachable and not opts.resume and world.main:
         try:
             held = sorted(k for k in store.list_objects("step_") if k.endswith("/" + ck.DONE_FILE))
@@ -222,8 +226,9 @@ def open_remote(opts: TrainOptions, cfg: C.Config, world: Any, log: Log) -> Any:
         if held:
             raise X1Error(f"--ckpt-remote {store.url} already holds checkpoints ({held[-1].split('/')[0]}); pass "
                           "--resume-from-latest to continue that run, or choose another prefix")
-    if opts.resume and world.local_rank == 0 and not opts.dry_run_budget:
-        pull(store, opts.ckpt_dir, log, mlflow_store(opts.mlflow_uri, opts.ckpt_dir))
+    if opts.resume and not opts.dry_run_budget:
+        with pulled_marker(opts.ckpt_dir, world.size > 1):
+            pull(store, opts.ckpt_dir, log, mlflow_store(opts.mlflow_uri, opts.ckpt_dir))
     return store
 
 
@@ -254,7 +259,8 @@ def _end_mirror(ctx: Context, code: int) -> None:
     left = ctx.deadline.remaining() if ctx.deadline is not None else None
     budget_s = MIRROR_END_WAIT_S if left is None else max(left - 1.0, 0.0)
     t0 = time.monotonic()
-    if mirror.drain(budget_s):
+    # a normal end keeps trying through a few failures (the VM may be torn down after it); a stop has its grace
+    if mirror.drain(budget_s, failures=3 if left is None else 1):
         ctx.log(f"mirror: {mirror.store.url} is up to date (latest {mirror.remote_latest or 'unchanged'}; "
                 f"{mirror.uploaded_bytes / 1e6:,.1f} MB in {mirror.upload_s:.1f} s of uploads this process)")
         return
