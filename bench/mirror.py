@@ -37,8 +37,9 @@ def _server(log: Path) -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT)
+        # niced: on a GPU host the store's CPU is another machine's, not the trainer's
+        proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                                 str(port)], stdout=out, stderr=subprocess.STDOUT)
     for _ in range(600):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -120,7 +121,7 @@ def main() -> int:
         sent = 0
         for r in range(args.repeats):
             off += _loop(args.steps, args.ckpt_every, work / f"off-{r}", args.model_mb, None)
-            mirror = Mirror(store, work / f"on-{r}", keep_last=2, log=lambda s: None).start()
+            mirror = Mirror(store, work / f"on-{r}", keep_last=2, log=lambda s: None, upload_process=True).start()
             on += _loop(args.steps, args.ckpt_every, work / f"on-{r}", args.model_mb, mirror)
             sent += mirror.uploaded_bytes
             mirror.close()

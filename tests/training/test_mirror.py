@@ -3,6 +3,7 @@ readable, keep_last remotely, a store that is down, and a mirror SIGKILLed at ra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -121,7 +122,7 @@ from pathlib import Path
 from x1_pretrain.core.objstore import RemoteURL, Store
 from x1_pretrain.training.mirror import Mirror
 ckpt, url = Path(sys.argv[1]), sys.argv[2]
-mirror = Mirror(Store(RemoteURL.parse(url)), ckpt, keep_last=2, log=print).start()
+mirror = Mirror(Store(RemoteURL.parse(url)), ckpt, keep_last=2, log=print, upload_process=True).start()
 for name in sys.argv[3:]:
     mirror.checkpoint(ckpt / name)
     mirror.drain(600)
@@ -147,13 +148,61 @@ def test_the_remote_latest_is_complete_whenever_the_mirror_is_killed(s3, s3env, 
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             reached = wait_until(lambda s=start, c=cut, p=child: proxy.bytes_up - s >= c or p.poll() is not None,
                                  timeout=120)
+            workers = _children(child.pid)
             child.send_signal(signal.SIGKILL)
             child.wait()
             assert reached, f"attempt {attempt}: the upload did not progress"
+            # the upload worker dies with the trainer: no upload outlives the process that asked for it
+            assert wait_until(lambda w=workers: not any(Path(f"/proc/{p}").exists() for p in w), timeout=30)
             seen.add(_remote_complete(store, tmp_path))
     finally:
         proxy.close()
     assert seen - {None}, "no kill left a complete checkpoint behind: the cuts were all too early"
+
+
+def _children(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.exists():
+        return []
+    found = []
+    for task in tasks.iterdir():
+        with contextlib.suppress(OSError):   # a thread that ended while listed
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_large_files_go_up_from_a_child_process_that_survives_group_signals_and_is_restarted(s3env, tmp_path):
+    """In the trainer's mode the weights go up from the niced upload worker: a SIGTERM sent to it (as a
+    preemption sends to the whole process group) does not end it, and a worker that died is started again
+    for the next checkpoint."""
+    store = Store(RemoteURL.parse(s3env))
+    ckpt = tmp_path / "c"
+    lines: list[str] = []
+    mirror = Mirror(store, ckpt, keep_last=3, log=lines.append, upload_process=True).start()
+    try:
+        mirror.checkpoint(_step(ckpt, 1, mb=2.0))
+        assert mirror.drain(60)
+        assert mirror._uploader is not None and mirror._uploader.proc is not None
+        worker = mirror._uploader.proc
+        assert worker.pid != os.getpid() and worker.poll() is None
+        assert os.getpriority(os.PRIO_PROCESS, worker.pid) > os.getpriority(os.PRIO_PROCESS, 0)
+        worker.send_signal(signal.SIGTERM)
+        mirror.checkpoint(_step(ckpt, 2, mb=2.0))
+        assert mirror.drain(60)
+        assert mirror._uploader.proc is worker and worker.poll() is None   # the SIGTERM was ignored
+        worker.kill()
+        worker.wait()
+        mirror.checkpoint(_step(ckpt, 3, mb=2.0))
+        assert mirror.drain(120)
+        assert mirror._uploader.proc is not worker   # started again
+    finally:
+        mirror.close()
+    assert worker.poll() is not None and mirror._uploader.proc is None   # close ends the worker
+    assert _remote_complete(store, tmp_path) == "step_0000003"
+    for step in (1, 2, 3):
+        name = f"step_{step:07d}"
+        assert store.get_bytes(f"{name}/model.safetensors") == (ckpt / name / "model.safetensors").read_bytes()
+    assert sum(x.startswith("WARNING") for x in lines) <= 1   # at most the one episode of the killed worker
 
 
 def test_a_newer_checkpoint_never_cancels_the_upload_in_progress(s3, s3env, tmp_path):

@@ -123,7 +123,7 @@ class Store:
     def __init__(self, url: RemoteURL, connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0,
                  attempts: int = 3) -> None:
         self.url = url
-        self._timeouts = (connect_timeout_s, read_timeout_s, attempts)
+        self.timeouts = (connect_timeout_s, read_timeout_s, attempts)
         self._client: Any = None
 
     @property
@@ -132,7 +132,7 @@ class Store:
             import boto3
             from botocore.config import Config
 
-            connect, read, attempts = self._timeouts
+            connect, read, attempts = self.timeouts
             try:
                 self._client = boto3.session.Session().client("s3", config=Config(
                     connect_timeout=connect, read_timeout=read, signature_version="s3v4",

@@ -16,9 +16,12 @@ line (and one alert) closes it when the mirror has caught up.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +37,7 @@ STAGING = ".mirror"
 MLFLOW_DB = N.MLFLOW_DB
 MLFLOW_FILES = "mlruns"       # a file:// MLflow store goes up file by file under this key
 BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
+UPLOAD_PROCESS_MIN_BYTES = 1 << 20   # with upload_process: files this large go up from the child process
 
 Log = Callable[[str], None]
 
@@ -68,12 +72,50 @@ def mlflow_store(mlflow_uri: str | None, ckpt_dir: Path) -> MlflowStore | None:
     return None
 
 
+class _UploadProcess:
+    """The upload worker (``training/upload_worker.py``): a child process started on first use, niced, that
+    uploads one file per request; a child that dies is started again at the next request."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.proc: subprocess.Popen[str] | None = None
+
+    def put_file(self, path: Path, rel: str) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, "-m", "x1_pretrain.training.upload_worker", str(os.getpid())],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        request = {"url": str(self.store.url), "path": str(path.resolve()), "rel": rel,
+                   "timeouts": list(self.store.timeouts)}
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (OSError, ValueError):
+            line = ""
+        if not line:
+            self.close()
+            raise StoreError("other", "the upload process ended (it is started again for the next upload)")
+        answer = json.loads(line)
+        if not answer.get("ok"):
+            if answer.get("kind") == "local":
+                raise OSError(answer.get("detail"))
+            raise StoreError(str(answer.get("kind")), str(answer.get("detail")))
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
 class Mirror:
     """Uploads for one checkpoint dir (rank 0's). ``checkpoint``, ``file`` and ``mlflow`` queue work and return at
     once; ``drain`` waits for the queue within a deadline; ``close`` ends the worker."""
 
     def __init__(self, store: Store, ckpt_dir: Path, keep_last: int, log: Log,
-                 alert: Callable[[str, str], Any] | None = None, sleep: Callable[[float], None] | None = None) -> None:
+                 alert: Callable[[str, str], Any] | None = None, sleep: Callable[[float], None] | None = None,
+                 upload_process: bool = False) -> None:
         self.store, self.dir, self.keep_last, self._log, self._alert = store, ckpt_dir, keep_last, log, alert
         self._cv = threading.Condition()
         self._queue: list[_Job] = []
@@ -86,6 +128,8 @@ class Mirror:
         self.upload_s = 0.0
         self._wait = sleep
         self._sent: dict[str, tuple[int, int]] = {}   # a file store's files as last uploaded (size, mtime)
+        # large files go up from a niced child process (no GIL shared with training), small ones from here
+        self._uploader = _UploadProcess(store) if upload_process else None
         self._thread: threading.Thread | None = None
         shutil.rmtree(ckpt_dir / STAGING, ignore_errors=True)   # what a killed process left staged
 
@@ -154,6 +198,8 @@ class Mirror:
         with self._cv:
             self._closed = True
             self._cv.notify_all()
+        if self._uploader is not None:
+            self._uploader.close()   # an upload in flight ends now (its step dir is not named remotely yet)
         if self._thread is not None:
             self._thread.join(timeout_s)
 
@@ -199,8 +245,12 @@ class Mirror:
         self.upload_s += time.monotonic() - t0
 
     def _put(self, path: Path, rel: str) -> None:
-        self.store.put_file(path, rel)
-        self.uploaded_bytes += path.stat().st_size
+        size = path.stat().st_size
+        if self._uploader is not None and size >= UPLOAD_PROCESS_MIN_BYTES:
+            self._uploader.put_file(path, rel)
+        else:
+            self.store.put_file(path, rel)
+        self.uploaded_bytes += size
 
     def _upload_checkpoint(self, job: _Job) -> None:
         assert job.staged is not None

@@ -244,7 +244,7 @@ def _start_mirror(opts: TrainOptions, cfg: C.Config, store: Any, log: Log, setup
     log(f"mirror: checkpoints, the cost ledger, the exit status{' and the MLflow store' if db else ''} go to "
         f"{store.url} at {store.endpoint()}" + ("" if db else " (the MLflow tracking server is not mirrored: it "
                                                           "outlives this machine)"))
-    return Mirror(store, opts.ckpt_dir, cfg.checkpoint.keep_last, log, send).start()
+    return Mirror(store, opts.ckpt_dir, cfg.checkpoint.keep_last, log, send, upload_process=True).start()
 
 
 def _end_mirror(ctx: Context, code: int) -> None:
