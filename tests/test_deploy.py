@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from x1_pretrain import tokenize_data, train
+from x1_pretrain.core.objstore import RemoteURL, Store
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -94,6 +95,7 @@ case "$*" in
   "-m x1_pretrain.watchdog"*)
     mkdir -p "$FAKE_WS/checkpoints/step_0000001"; touch "$FAKE_WS/checkpoints/step_0000001/DONE"
     echo step_0000001 > "$FAKE_WS/checkpoints/latest"; echo "trainer says hello"; exit "$FAKE_TRAIN_EXIT" ;;
+  "-m x1_pretrain.remote"*) exec "$REAL_PYTHON" "$@" ;;
   "-m x1_pretrain."*) exit 0 ;;
   *) exec "$REAL_PYTHON" "$@" ;;
 esac
@@ -195,21 +197,33 @@ def test_clock_billing_needs_a_rate_and_counts_from_the_launch(task, tmp_path):
     assert sidecar[-4:] == ["--rate-usd-per-hr", "0.79", "--started-utc", "2026-05-23T03:00:00Z"]
 
 
-def test_mirror_restores_a_recovered_job_and_saves_its_work(task, tmp_path):
-    mirror = tmp_path / "mirror"
-    (mirror / "checkpoints" / "step_0000001").mkdir(parents=True)
-    (mirror / "checkpoints" / "latest").write_text("step_0000001\n")
-    (mirror / "data" / "tokenized").mkdir(parents=True)
-    for name in ("train.bin", "val.bin", "meta.json"):
-        (mirror / "data" / "tokenized" / name).write_text(name)
-    (mirror / "budget.json.start").write_text('{"started_utc": "2026-05-23T03:00:00Z"}')
-    proc, calls, ws = _run(task, tmp_path, 75, tokenized=False, LAMBDA_API_KEY="k", X1_MIRROR=str(mirror))
-    assert proc.returncode == 75 and "restoring checkpoints" in proc.stdout
-    assert (ws / "data" / "tokenized" / "train.bin").read_text() == "train.bin"
-    assert _call(calls, "x1_pretrain.tokenize_data") is None  # the restored tokens are used
-    assert (ws / "budget.json.start").read_text() == '{"started_utc": "2026-05-23T03:00:00Z"}'
-    assert (mirror / "checkpoints" / "step_0000001" / "DONE").exists()
-    assert "interrupted after a clean checkpoint" in (mirror / "logs" / "cloud.log").read_text()
+def test_a_new_vm_takes_the_tokens_and_logs_from_the_bucket_instead_of_making_them(task, tmp_path, s3env):
+    """The first VM tokenizes and pushes the tokens and its logs (with x1's real `remote` command, against moto's
+    S3 server); a preempted job's new VM, on an empty disk, pulls them, does not tokenize, carries on the logs,
+    and passes the same --ckpt-remote to the trainer. Without X1_CKPT_REMOTE the script says what that costs."""
+    keys = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    proc, calls, ws = _run(task, tmp_path / "vm1", 75, tokenized=False, LAMBDA_API_KEY="k", X1_CKPT_REMOTE=s3env,
+                           **keys)
+    assert proc.returncode == 75, proc.stdout + proc.stderr
+    assert _call(calls, "x1_pretrain.tokenize_data") is not None
+    assert "no complete tokens in" in proc.stdout
+    store = Store(RemoteURL.parse(s3env))
+    assert {"data/tokenized/meta.json", "data/tokenized/x1-dir.json", "logs/cloud.log", "logs/train.log"} <= set(
+        store.list_objects())
+    proc, calls, ws2 = _run(task, tmp_path / "vm2", 0, tokenized=False, LAMBDA_API_KEY="k", X1_CKPT_REMOTE=s3env,
+                            **keys)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _call(calls, "x1_pretrain.tokenize_data") is None and not [c for c in calls if c[0] == "huggingface-cli"]
+    tokens = ("data", "tokenized", "meta.json")
+    assert ws2.joinpath(*tokens).read_text() == ws.joinpath(*tokens).read_text()
+    cloud_log = (ws2 / "logs" / "cloud.log").read_text()
+    assert "interrupted after a clean checkpoint" in cloud_log and "finished (exit 0)" in cloud_log   # both VMs
+    wd = _call(calls, "x1_pretrain.watchdog")
+    assert wd is not None and wd[wd.index("--ckpt-remote") + 1] == s3env
+    assert "finished (exit 0)" in store.get_bytes("logs/cloud.log").decode()   # pushed at exit
+    proc, calls, _ = _run(task, tmp_path / "vm3", 0, LAMBDA_API_KEY="k")
+    assert proc.returncode == 0 and "no X1_CKPT_REMOTE" in proc.stdout
+    assert _call(calls, "x1_pretrain.remote") is None
 
 
 def test_skypilot_loads_the_task_and_each_cloud_supports_what_it_is_asked():

@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -118,6 +119,7 @@ def test_a_store_that_is_down_warns_once_alerts_once_and_catches_up(s3, s3env, t
 
 CHILD = """
 import sys
+import time
 from pathlib import Path
 from x1_pretrain.core.objstore import RemoteURL, Store
 from x1_pretrain.training.mirror import Mirror
@@ -283,3 +285,41 @@ def test_a_rewritten_latest_step_is_never_named_without_its_done_and_abandoned_s
     assert dirs == {"step_0000001", "step_0000002", "step_0000003"}
     assert "step_0000001/PIN" in store.list_objects("step_0000001/")
     assert _remote_complete(store, tmp_path) == "step_0000003"
+
+
+def test_a_stop_whose_upload_cannot_finish_says_so_within_the_grace(s3, s3env, tmp_path):
+    """After a SIGTERM the stop checkpoint goes up within what is left of --stop-grace-s; a link that hangs
+    mid-upload ends the wait inside the grace, with a warning that names what did not go up and where a resume
+    will start, and the remote's latest stays the last complete one."""
+    from types import SimpleNamespace
+
+    from x1_pretrain.training.loop import StopFlag
+    from x1_pretrain.training.session import _end_mirror
+    from x1_pretrain.training.signals import StopDeadline
+
+    proxy = Proxy(s3.port)
+    os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint    # restored by s3env's monkeypatch
+    ckpt = tmp_path / "c"
+    lines: list[str] = []
+    mirror = Mirror(Store(RemoteURL.parse(s3env)), ckpt, keep_last=3, log=lines.append, upload_process=True).start()
+    try:
+        mirror.checkpoint(_step(ckpt, 1, mb=2.0))
+        assert mirror.drain(60)
+        proxy.hold_on = b"step_0000002"
+        stop = StopFlag()
+        mirror.checkpoint(_step(ckpt, 2, mb=2.0))   # the stop checkpoint
+        assert wait_until(lambda: not proxy.flowing.is_set(), timeout=60)   # on the wire, and the link hangs
+        stop.requested, stop.requested_at = "SIGTERM", time.monotonic()
+        ctx = SimpleNamespace(mirror=mirror, ckpt_dir=ckpt, mlflow_store=None, log=lines.append,
+                              deadline=StopDeadline(stop, 4.0, lambda: None))
+        _end_mirror(ctx, 75)
+        waited = time.monotonic() - stop.requested_at
+    finally:
+        mirror.close()
+        proxy.close()
+    assert waited < 4.0, f"the stop waited {waited:.1f} s past a 4 s grace"
+    said = [x for x in lines if "could not upload" in x]
+    assert len(said) == 1 and "step_0000002" in said[0], lines
+    assert "the remote's latest is step_0000001, the local one step_0000002" in said[0]
+    os.environ["AWS_ENDPOINT_URL"] = s3.endpoint
+    assert Store(RemoteURL.parse(s3env)).get_bytes(ck.LATEST) == b"step_0000001\n"

@@ -1,0 +1,84 @@
+"""A folder to and from an S3-compatible bucket, whole or not at all: the tokens and the logs of a cloud run, so
+that a new machine after a preemption finds them next to the checkpoints (``--ckpt-remote``) instead of
+downloading and tokenizing again.
+
+  python -m x1_pretrain.remote push /workspace/data/tokenized s3://x1-runs/lab00/data/tokenized
+  python -m x1_pretrain.remote pull s3://x1-runs/lab00/data/tokenized /workspace/data/tokenized --if-present
+
+``push`` uploads every file, then ``x1-dir.json`` (each file's size and sha256) last, so a push cut short is never
+taken for a complete copy; files already there with the same hash are not sent again. ``pull`` downloads what the
+manifest lists into a hidden folder beside the destination, checks every hash, and renames it into place. The
+endpoint and keys come from the standard AWS variables, as for --ckpt-remote (docs/cloud-runbook.md).
+
+Exit codes: 0 done (``pull --if-present``: also when the bucket holds no complete copy); 1 the store could not be
+reached or a file did not match its hash (worth another try); 2 bad usage: a malformed URL, refused credentials,
+a missing bucket, a destination that holds other files, nothing to pull without --if-present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .core.cli import guarded
+from .core.errors import EXIT_UNEXPECTED, X1Error
+from .core.objstore import CREDENTIALS_FIX, RemoteURL, Store, StoreError
+from .core.remote_dir import PullFailed, pull, push
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m x1_pretrain.remote", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("push", help="upload a folder, its manifest last")
+    up.add_argument("local", type=Path, help="the folder to upload")
+    up.add_argument("url", help="s3://BUCKET/PREFIX to upload it under")
+    down = sub.add_parser("pull", help="download a complete copy into an absent or empty folder")
+    down.add_argument("url", help="s3://BUCKET/PREFIX a push wrote")
+    down.add_argument("local", type=Path, help="the folder to create (absent or empty)")
+    down.add_argument("--if-present", action="store_true",
+                      help="exit 0 when the bucket holds no complete copy (a first run) instead of 2")
+    return p
+
+
+def _store_failure(url: RemoteURL, e: StoreError) -> int:
+    if e.kind == "auth":
+        raise X1Error(f"{url}: the store refused the credentials ({e.detail}); {CREDENTIALS_FIX}")
+    if e.kind == "bucket" or "NoSuchBucket" in e.detail:
+        raise X1Error(f"{url}: no bucket {url.bucket!r} ({e.detail}); create it first or fix the name")
+    print(f"error: {url}: {e.kind}: {e.detail} (try again when the store answers)", file=sys.stderr)
+    return EXIT_UNEXPECTED
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    def body() -> int:
+        url = RemoteURL.parse(args.url, what=f"remote {args.cmd}")
+        store = Store(url)
+        try:
+            if args.cmd == "push":
+                push(store, args.local, lambda s: print(f"[remote] {s}", flush=True))
+                return 0
+            got = pull(store, args.local, lambda s: print(f"[remote] {s}", flush=True))
+        except StoreError as e:
+            return _store_failure(url, e)
+        except PullFailed as e:
+            print(f"error: {e} (nothing was put in {args.local})", file=sys.stderr)
+            return EXIT_UNEXPECTED
+        if got == "absent":
+            if args.if_present:
+                print(f"[remote] {url} holds no complete copy (no {url}/x1-dir.json): nothing to pull")
+                return 0
+            raise X1Error(f"{url} holds no complete copy (no x1-dir.json: nothing was pushed there, or a push was "
+                          "cut short): push the folder first, or pass --if-present")
+        if got == "present":
+            print(f"[remote] {args.local} already holds {url}")
+        return 0
+
+    return guarded(body, os_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

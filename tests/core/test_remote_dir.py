@@ -1,0 +1,100 @@
+"""A folder to and from moto's S3 server, whole or not at all: ``python -m x1_pretrain.remote push|pull``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from x1_pretrain import remote
+from x1_pretrain.core.errors import X1Error
+from x1_pretrain.core.objstore import RemoteURL, Store
+from x1_pretrain.core.remote_dir import MANIFEST, PullFailed, listing, pull, push
+
+
+def _tokens(path):
+    """A tokenized folder the way tokenize_data writes one: uint16 shards, meta.json, a hidden temporary."""
+    path.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for name in ("train_000.bin", "train_001.bin", "val_000.bin"):
+        rng.integers(0, 50257, 300_000, dtype=np.uint16).tofile(path / name)
+    (path / "meta.json").write_text(json.dumps({"vocab_size": 50257}))
+    (path / ".train_002.bin.tmp").write_bytes(b"half")   # an x1 file still being written: never pushed
+    return path
+
+
+def test_push_then_pull_gives_the_same_folder_and_a_second_push_sends_nothing(s3env, tmp_path):
+    src = _tokens(tmp_path / "tokenized")
+    store = Store(RemoteURL.parse(s3env + "/data/tokenized"))
+    assert push(store, src, print) == (4, sum(p.stat().st_size for p in src.iterdir() if p.name[0] != "."))
+    assert ".train_002.bin.tmp" not in store.list_objects()
+    assert push(store, src, print) == (0, 0)   # already there, hashes equal
+    dest = tmp_path / "new-machine" / "tokenized"
+    assert pull(store, dest, print) == "pulled"
+    assert listing(dest) == listing(src)
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["tokenized"]   # no pull folder left behind
+    assert pull(store, dest, print) == "present"
+
+
+def test_a_push_cut_short_is_never_pulled_and_a_wrong_file_is_refused_whole(s3env, tmp_path):
+    src = _tokens(tmp_path / "tokenized")
+    store = Store(RemoteURL.parse(s3env + "/tok"))
+    push(store, src, print)
+    store.delete([MANIFEST])                     # as a push cut short leaves it: files, no manifest
+    assert pull(store, tmp_path / "a", print) == "absent" and not (tmp_path / "a").exists()
+    push(store, src, print)
+    store.put_bytes(b"not the shard", "train_001.bin")   # a file changed behind the manifest's back
+    with pytest.raises(PullFailed, match=r"train_001\.bin does not match"):
+        pull(store, tmp_path / "b", print)
+    assert not (tmp_path / "b").exists() and [p.name for p in tmp_path.iterdir()] == ["tokenized"]
+
+
+def test_a_repush_deletes_only_what_its_last_manifest_listed(s3env, tmp_path):
+    src = _tokens(tmp_path / "tokenized")
+    store = Store(RemoteURL.parse(s3env + "/tok"))
+    store.put_bytes(b"someone else's", "notes.txt")
+    push(store, src, print)
+    (src / "val_000.bin").unlink()
+    (src / "val_001.bin").write_bytes(b"\x01\x00" * 1000)
+    push(store, src, print)
+    keys = set(store.list_objects())
+    assert "val_000.bin" not in keys and {"val_001.bin", "notes.txt", MANIFEST} <= keys
+
+
+def test_refusals_name_the_fix(s3env, tmp_path, capsys):
+    src = _tokens(tmp_path / "tokenized")
+    ckpt_root = Store(RemoteURL.parse(s3env))
+    ckpt_root.put_bytes(b"step_0000004\n", "latest")
+    with pytest.raises(X1Error, match=r"holds a checkpoint mirror .*push under a prefix of its own"):
+        push(ckpt_root, src, print)
+    store = Store(RemoteURL.parse(s3env + "/data/tokenized"))
+    push(store, src, print)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "other.bin").write_bytes(b"x")
+    with pytest.raises(X1Error, match="not empty and differs"):
+        pull(store, busy, print)
+    assert remote.main(["pull", s3env + "/nothing", str(tmp_path / "n")]) == 2
+    assert "no complete copy" in capsys.readouterr().err
+    assert remote.main(["pull", s3env + "/nothing", str(tmp_path / "n"), "--if-present"]) == 0
+    assert remote.main(["push", str(tmp_path / "missing"), s3env + "/x"]) == 2
+    assert remote.main(["pull", "gs://bucket/x", str(tmp_path / "n")]) == 2
+    assert "expected s3://BUCKET/PREFIX" in capsys.readouterr().err
+
+
+def test_the_command_exit_codes_for_the_store(s3env, tmp_path, monkeypatch, capsys):
+    src = _tokens(tmp_path / "tokenized")
+    assert remote.main(["push", str(src), s3env + "/t"]) == 0
+    assert remote.main(["pull", s3env + "/t", str(tmp_path / "copy")]) == 0
+    assert listing(tmp_path / "copy") == listing(src)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-4321")
+    assert remote.main(["pull", s3env + "/t", str(tmp_path / "copy2")]) == 2
+    err = capsys.readouterr().err
+    assert "refused the credentials" in err and "AWS_ACCESS_KEY_ID" in err and "wrong-secret-4321" not in err
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")   # nothing listens: unreachable, worth a retry
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    assert remote.main(["pull", s3env + "/t", str(tmp_path / "copy3")]) == 1
+    assert "try again" in capsys.readouterr().err and not (tmp_path / "copy3").exists()
+    assert sorted(os.listdir(tmp_path)) == ["copy", "tokenized"]   # nothing half-pulled left behind
