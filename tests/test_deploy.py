@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +18,8 @@ import yaml
 
 from x1_pretrain import tokenize_data, train
 from x1_pretrain.core.objstore import RemoteURL, Store
+
+from .servers import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 DEPLOY = REPO / "deploy"
@@ -94,7 +97,10 @@ case "$*" in
     mkdir -p "$out"; echo '{}' > "$out/meta.json"; exit 0 ;;
   "-m x1_pretrain.watchdog"*)
     mkdir -p "$FAKE_WS/checkpoints/step_0000001"; touch "$FAKE_WS/checkpoints/step_0000001/DONE"
-    echo step_0000001 > "$FAKE_WS/checkpoints/latest"; echo "trainer says hello"; exit "$FAKE_TRAIN_EXIT" ;;
+    echo step_0000001 > "$FAKE_WS/checkpoints/latest"; echo "trainer says hello"
+    if [ -n "${FAKE_TRAIN_UNTIL_TERM:-}" ]; then  # a trainer that runs until a stop, then checkpoints and says so
+      trap 'echo "trainer stopped by TERM"; exit 75' TERM; touch "$FAKE_DIR/training"; sleep 60 & wait; fi
+    exit "$FAKE_TRAIN_EXIT" ;;
   "-m x1_pretrain.remote"*) exec "$REAL_PYTHON" "$@" ;;
   "-m x1_pretrain."*) exit 0 ;;
   *) exec "$REAL_PYTHON" "$@" ;;
@@ -110,6 +116,17 @@ mkdir -p "$dir/sample/10BT" "$dir/test"; touch "$dir/sample/10BT/000_00000.parqu
 
 def _run(task: dict, tmp: Path, train_exit: int, cloud: str = "Lambda", tokenized: bool = True,
          **env_overrides: str) -> tuple[subprocess.CompletedProcess[str], list[list[str]], Path]:
+    cmd, env, ws = _script(task, tmp, train_exit, cloud, tokenized, **env_overrides)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    return proc, _calls(tmp / "fake"), ws
+
+
+def _calls(fake: Path) -> list[list[str]]:
+    return [line.split(SEP)[:-1] for line in (fake / "calls").read_text().splitlines() if line]
+
+
+def _script(task: dict, tmp: Path, train_exit: int, cloud: str = "Lambda", tokenized: bool = True,
+            **env_overrides: str) -> tuple[list[str], dict[str, str], Path]:
     ws, fake = tmp / "workspace", tmp / "fake"
     for d in (ws, fake / "bin"):
         d.mkdir(parents=True, exist_ok=True)
@@ -125,9 +142,7 @@ def _run(task: dict, tmp: Path, train_exit: int, cloud: str = "Lambda", tokenize
            "FAKE_WS": str(ws), "FAKE_TRAIN_EXIT": str(train_exit),
            "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": cloud, "region": "us-east-1"}), **env_overrides}
     script = task["run"].replace("/workspace", str(ws))
-    proc = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
-    calls = [line.split(SEP)[:-1] for line in (fake / "calls").read_text().splitlines() if line]
-    return proc, calls, ws
+    return ["bash", "-c", script], env, ws
 
 
 def _call(calls: list[list[str]], module: str) -> list[str] | None:
@@ -224,6 +239,27 @@ def test_a_new_vm_takes_the_tokens_and_logs_from_the_bucket_instead_of_making_th
     proc, calls, _ = _run(task, tmp_path / "vm3", 0, LAMBDA_API_KEY="k")
     assert proc.returncode == 0 and "no X1_CKPT_REMOTE" in proc.stdout
     assert _call(calls, "x1_pretrain.remote") is None
+
+
+def test_a_stop_reaches_the_trainer_and_the_logs_go_up_after_it_ended(task, tmp_path, s3env):
+    """SIGTERM to the run script (a preemption, sky jobs cancel): it is passed to the trainer, the script waits
+    for the trainer's exit 75, and only then pushes the logs, which hold the trainer's last line."""
+    keys = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    cmd, env, ws = _script(task, tmp_path, 0, LAMBDA_API_KEY="k", X1_CKPT_REMOTE=s3env, FAKE_TRAIN_UNTIL_TERM="1",
+                           **keys)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_until(lambda: (tmp_path / "fake" / "training").exists() or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, proc.communicate()[0]
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, out
+    assert "trainer stopped by TERM" in (ws / "logs" / "train.log").read_text()
+    pushed = Store(RemoteURL.parse(s3env)).get_bytes("logs/cloud.log")
+    assert pushed is not None and "interrupted after a clean checkpoint" in pushed.decode()
 
 
 def test_skypilot_loads_the_task_and_each_cloud_supports_what_it_is_asked():

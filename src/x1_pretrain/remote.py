@@ -11,8 +11,9 @@ manifest lists into a hidden folder beside the destination, checks every hash, a
 endpoint and keys come from the standard AWS variables, as for --ckpt-remote (docs/cloud-runbook.md).
 
 Exit codes: 0 done (``pull --if-present``: also when the bucket holds no complete copy); 1 the store could not be
-reached or a file did not match its hash (worth another try); 2 bad usage: a malformed URL, refused credentials,
-a missing bucket, a destination that holds other files, nothing to pull without --if-present.
+reached, a file did not match its hash, or a local disk error (worth another try); 2 bad usage: a malformed URL,
+refused credentials, a missing bucket, a destination that holds other files, a manifest x1 did not write, nothing
+to pull without --if-present.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("push", help="upload a folder, its manifest last")
     up.add_argument("local", type=Path, help="the folder to upload")
     up.add_argument("url", help="s3://BUCKET/PREFIX to upload it under")
+    up.add_argument("--if-absent", action="store_true",
+                    help="leave a complete copy already there alone (tokens a run was trained on are never replaced)")
     down = sub.add_parser("pull", help="download a complete copy into an absent or empty folder")
     down.add_argument("url", help="s3://BUCKET/PREFIX a push wrote")
     down.add_argument("local", type=Path, help="the folder to create (absent or empty)")
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         store = Store(url)
         try:
             if args.cmd == "push":
-                push(store, args.local, lambda s: print(f"[remote] {s}", flush=True))
+                push(store, args.local, lambda s: print(f"[remote] {s}", flush=True), if_absent=args.if_absent)
                 return 0
             got = pull(store, args.local, lambda s: print(f"[remote] {s}", flush=True))
         except StoreError as e:

@@ -170,13 +170,25 @@ class Store:
         self.put_bytes(b"x1 checks that it may write here\n", probe)
         self.delete([probe])
 
-    def put_file(self, path: Path, rel: str) -> None:
+    def put_file(self, path: Path, rel: str, metadata: dict[str, str] | None = None) -> None:
         from boto3.s3.transfer import TransferConfig
 
         # no transfer threads: they are not daemons, so a hung upload would hold the process's exit past
         # --stop-grace-s; the mirror's own (daemon) thread does the work
         config = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, use_threads=False)
-        self._call(self.client.upload_file, str(path), self.url.bucket, self.url.key(rel), Config=config)
+        extra = {"Metadata": metadata} if metadata else None
+        self._call(self.client.upload_file, str(path), self.url.bucket, self.url.key(rel), Config=config,
+                   ExtraArgs=extra)
+
+    def head(self, rel: str) -> tuple[int, dict[str, str]] | None:
+        """(size, user metadata) of an object, or None when there is no such key."""
+        try:
+            out = self._call(self.client.head_object, Bucket=self.url.bucket, Key=self.url.key(rel))
+        except StoreError as e:
+            if e.detail.split(":")[0] in MISSING_KEY_CODES:
+                return None
+            raise
+        return int(out.get("ContentLength", 0)), dict(out.get("Metadata") or {})
 
     def put_bytes(self, data: bytes, rel: str) -> None:
         self._call(self.client.put_object, Bucket=self.url.bucket, Key=self.url.key(rel), Body=data)

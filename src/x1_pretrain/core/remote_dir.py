@@ -6,20 +6,23 @@ after a preemption should find in the bucket next to the checkpoints instead of 
 The rule that keeps a reader safe is the checkpoints' rule: a manifest, ``x1-dir.json``, listing every file with
 its size and sha256, goes up last and is deleted first. A push cut short leaves no manifest, and a pull takes
 only what a manifest lists, checks every hash, and renames the folder into place only when all of it is there.
-Files whose name starts with a dot (an x1 file being written, a pull in progress) are never pushed.
+Files whose name starts with a dot (an x1 file being written, a pull in progress) are never pushed. A file
+that may still grow (a log) is pushed from a snapshot, so the hash in the manifest is the hash of the bytes
+that went up; each object carries its sha256 as metadata, so a push sends again exactly what differs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from .errors import X1Error
+from .fileio import pid_alive, sha256_file
 from .objstore import Store, StoreError
 
 MANIFEST = "x1-dir.json"
@@ -31,24 +34,34 @@ class PullFailed(Exception):
     nothing was put in place. Worth another try: exit 1."""
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+SNAPSHOT_MAX_BYTES = 64 << 20   # files up to this size are pushed from a copy (a log may grow meanwhile)
+_PULL_RE = re.compile(r"^\.(?P<name>.+)\.pull-(?P<pid>\d+)$")
+
+
+def _files(local: Path) -> list[str]:
+    """Every regular file under ``local`` (relative, posix), hidden names and symlinked folders left out."""
+    out = []
+    for root, dirs, names in os.walk(local):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(n for n in names if not n.startswith(".")):
+            rel = (Path(root) / name).relative_to(local).as_posix()
+            if rel != MANIFEST and (Path(root) / name).is_file():
+                out.append(rel)
+    return out
 
 
 def listing(local: Path) -> dict[str, dict[str, object]]:
     """{relative path: {"bytes", "sha256"}} of every file under ``local``, hidden names left out."""
-    files: dict[str, dict[str, object]] = {}
-    for root, dirs, names in os.walk(local):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(n for n in names if not n.startswith(".") and n != MANIFEST):
-            path = Path(root) / name
-            if path.is_file():
-                files[path.relative_to(local).as_posix()] = {"bytes": path.stat().st_size, "sha256": sha256_of(path)}
-    return files
+    return {rel: {"bytes": (local / rel).stat().st_size, "sha256": sha256_file(local / rel)} for rel in _files(local)}
+
+
+def safe_rel(rel: object) -> str:
+    """A manifest's path, refused when it could land outside the folder."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel \
+            or any(part in ("", ".", "..") for part in rel.split("/")):
+        raise X1Error(f"the manifest names a path outside its folder ({rel!r}): it was not written by x1; push the "
+                      "folder again")
+    return rel
 
 
 def remote_manifest(store: Store) -> dict | None:
@@ -57,37 +70,71 @@ def remote_manifest(store: Store) -> dict | None:
         return None
     try:
         manifest = json.loads(raw)
-        if not isinstance(manifest.get("files"), dict):
-            raise ValueError("no 'files'")
+        files = manifest["files"]
+        for rel, meta in files.items():
+            safe_rel(rel)
+            int(meta["bytes"]), str(meta["sha256"])
         return manifest
-    except (ValueError, AttributeError) as e:
-        raise PullFailed(f"{store.url}/{MANIFEST} cannot be read ({e}): push the folder again") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise X1Error(f"{store.url}/{MANIFEST} cannot be read ({type(e).__name__}: {e}): push the folder "
+                      "again") from None
 
 
-def push(store: Store, local: Path, log: Log) -> tuple[int, int]:
-    """Upload ``local`` under the store's prefix, files first and the manifest last; files the remote already
-    holds with the same hash are not sent again, files the previous manifest listed that ``local`` no longer has
-    are deleted after the new manifest. Returns (files sent, bytes sent)."""
+def _send(store: Store, local: Path, rel: str, snapshots: Path) -> dict[str, object]:
+    """Upload one file unless the remote object already holds these bytes; returns its manifest entry and
+    whether it was sent."""
+    path = local / rel
+    size = path.stat().st_size
+    if size <= SNAPSHOT_MAX_BYTES:
+        copy = snapshots / "file"
+        shutil.copyfile(path, copy)
+        path, size = copy, copy.stat().st_size
+    before = path.stat().st_mtime_ns
+    meta: dict[str, object] = {"bytes": size, "sha256": sha256_file(path)}
+    there = store.head(rel)
+    if there is not None and there[0] == size and there[1].get("sha256") == meta["sha256"]:
+        return {**meta, "sent": False}
+    store.put_file(path, rel, metadata={"sha256": str(meta["sha256"])})
+    if path.stat().st_mtime_ns != before or path.stat().st_size != size:
+        raise X1Error(f"{local / rel} changed while it was pushed (more than {SNAPSHOT_MAX_BYTES >> 20} MB: not "
+                      "snapshotted); push it once nothing writes to it")
+    return {**meta, "sent": True}
+
+
+def push(store: Store, local: Path, log: Log, if_absent: bool = False) -> tuple[int, int]:
+    """Upload ``local`` under the store's prefix, files first and the manifest last; objects that already hold
+    the same bytes (their sha256 metadata) are not sent again; files the previous manifest listed that
+    ``local`` no longer has are deleted after the new manifest. ``if_absent``: leave a complete copy that is
+    already there alone. Returns (files sent, bytes sent)."""
     if not local.is_dir():
         raise X1Error(f"{local}: no such folder to push (give the folder the files are in)")
-    files = listing(local)
-    if not files:
+    rels = _files(local)
+    if not rels:
         raise X1Error(f"{local}: the folder holds no files to push")
-    try:
-        before = remote_manifest(store)
-    except PullFailed:
-        before = None
     remote = store.list_objects()
     if "latest" in remote or any(k.startswith("step_") for k in remote):
         raise X1Error(f"{store.url} holds a checkpoint mirror (--ckpt-remote): push under a prefix of its own, "
                       f"e.g. {store.url}/data/tokenized")
+    try:
+        before = remote_manifest(store)
+    except X1Error:
+        before = None
+    if if_absent and before is not None:
+        log(f"{store.url} already holds a complete copy (pushed {before.get('pushed_utc', '?')}): left as it is")
+        return 0, 0
     store.delete([MANIFEST])   # from here until the new manifest the remote copy is not complete
+    files: dict[str, dict[str, object]] = {}
     sent = nbytes = 0
-    for rel, meta in files.items():
-        same = before is not None and before["files"].get(rel) == meta and remote.get(rel) == meta["bytes"]
-        if not same:
-            store.put_file(local / rel, rel)
-            sent, nbytes = sent + 1, nbytes + int(meta["bytes"])   # type: ignore[call-overload]
+    snapshots = local / f".x1-push-{os.getpid()}"
+    snapshots.mkdir(exist_ok=True)
+    try:
+        for rel in rels:
+            entry = _send(store, local, rel, snapshots)
+            if entry.pop("sent"):
+                sent, nbytes = sent + 1, nbytes + int(entry["bytes"])   # type: ignore[call-overload]
+            files[rel] = entry
+    finally:
+        shutil.rmtree(snapshots, ignore_errors=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     store.put_bytes(json.dumps({"files": files, "pushed_utc": stamp}, indent=1).encode(), MANIFEST)
     # only what the previous manifest listed is ours to delete: nothing else under the prefix is touched
@@ -99,34 +146,43 @@ def push(store: Store, local: Path, log: Log) -> tuple[int, int]:
     return sent, nbytes
 
 
-def _matches(local: Path, files: dict) -> bool:
-    return listing(local) == files
+def _clear_old_pulls(parent: Path, name: str) -> None:
+    """Hidden folders a killed pull of ``name`` left (its process is gone)."""
+    for p in parent.glob(f".{name}.pull-*"):
+        m = _PULL_RE.match(p.name)
+        if m and m.group("name") == name and not pid_alive(int(m.group("pid"))):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def pull(store: Store, local: Path, log: Log) -> str:
-    """Bring the remote copy down into ``local`` (absent or empty), every hash checked, renamed into place whole.
-    Returns "pulled", "present" (``local`` already holds exactly that) or "absent" (no complete remote copy)."""
+    """Bring the remote copy down into ``local`` (absent or an empty folder), every hash checked, renamed into
+    place whole. Returns "pulled", "present" (``local`` already holds exactly that) or "absent" (no complete
+    remote copy)."""
     manifest = remote_manifest(store)
     if manifest is None:
         return "absent"
     files: dict = manifest["files"]
-    if local.exists() and any(not p.name.startswith(".") for p in local.iterdir()):
-        if _matches(local, files):
+    local = local.resolve()
+    if local.exists() and (not local.is_dir() or any(local.iterdir())):
+        if local.is_dir() and listing(local) == {r: {"bytes": m["bytes"], "sha256": m["sha256"]}
+                                                 for r, m in files.items()}:
             return "present"
-        raise X1Error(f"{local}: the folder is not empty and differs from {store.url} (pushed "
+        raise X1Error(f"{local}: not an empty folder, and it differs from {store.url} (pushed "
                       f"{manifest.get('pushed_utc', '?')}); pull into an empty folder or move this one away")
+    local.parent.mkdir(parents=True, exist_ok=True)
+    _clear_old_pulls(local.parent, local.name)
     tmp = local.parent / f".{local.name}.pull-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         for rel, meta in files.items():
-            dest = tmp / rel
+            dest = tmp / safe_rel(rel)
             dest.parent.mkdir(parents=True, exist_ok=True)
             store.get_file(rel, dest)
-            if dest.stat().st_size != meta["bytes"] or sha256_of(dest) != meta["sha256"]:
+            if dest.stat().st_size != int(meta["bytes"]) or sha256_file(dest) != meta["sha256"]:
                 raise PullFailed(f"{store.url}/{rel} does not match its manifest (size or sha256): push the folder "
                                  "again from a machine that has it")
         if local.exists():
-            shutil.rmtree(local)    # empty, or only hidden leftovers (checked above)
+            local.rmdir()    # still empty: anything written into it meanwhile makes this fail, and stays
         os.replace(tmp, local)
     except StoreError as e:
         raise PullFailed(f"{store.url}: {e.kind}: {e.detail}") from None

@@ -1,13 +1,13 @@
 """The mirror's upload process: uploads files to the object store on behalf of a trainer, so the client's Python
 work (signing, HTTP, checksums) never takes the training process's GIL, at a lower CPU priority than training.
 
-Protocol, one JSON object a line: the trainer writes ``{"url": "s3://B/P", "path": "/abs/file", "rel": "key",
-"timeouts": [connect, read, attempts]}`` to stdin; the worker answers ``{"ok": true, "bytes": N}`` or ``{"ok":
-false, "kind": "...", "detail": "..."}`` on stdout. It exits when stdin closes (the trainer is gone) and is
-killed by the trainer's mirror when it closes. It ignores SIGINT, SIGTERM and SIGHUP: a signal sent to the
-trainer's process group (a preemption, a closed terminal) must not end the upload of the stop checkpoint; the
-worker ends when the trainer closes its stdin or kills it, and (on Linux) is killed when the trainer dies,
-so no upload outlives the process that asked for it.
+Protocol, one JSON object a line: the trainer writes ``{"id": N, "url": "s3://B/P", "path": "/abs/file", "rel":
+"key", "timeouts": [connect, read, attempts]}`` to stdin; the worker answers ``{"id": N, "ok": true, "bytes": M}``
+or ``{"id": N, "ok": false, "kind": "...", "detail": "..."}`` on stdout (anything else printed goes to stderr).
+It runs in a session of its own, so a signal to the trainer's process group (a preemption, a closed terminal)
+does not end the upload of the stop checkpoint, and it ignores SIGINT, SIGTERM and SIGHUP besides. It ends when
+the trainer closes its stdin or kills it, and on Linux is killed when the trainer dies (PR_SET_PDEATHSIG), so no
+upload outlives the process that asked for it (elsewhere it finishes the file in hand, then sees stdin close).
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..core.objstore import RemoteURL, Store, StoreError
+from ..core.objstore import RemoteURL, Store, StoreError, scrub
 
 
 def serve(lines: Any, out: Any) -> None:
     stores: dict[tuple[str, tuple[float, ...]], Store] = {}
     for line in lines:
+        req: Any = None
         try:
             req = json.loads(line)
             timeouts = tuple(req.get("timeouts") or (10.0, 60.0, 3))
@@ -39,9 +40,11 @@ def serve(lines: Any, out: Any) -> None:
         except StoreError as e:
             answer = {"ok": False, "kind": e.kind, "detail": e.detail}
         except OSError as e:
-            answer = {"ok": False, "kind": "local", "detail": f"{type(e).__name__}: {e.strerror or e}"}
+            answer = {"ok": False, "kind": "local", "errno": e.errno,
+                      "detail": scrub(f"{type(e).__name__}: {e.strerror or e}")}
         except Exception as e:   # a bad request or a client surprise: said, never a dead worker
-            answer = {"ok": False, "kind": "other", "detail": f"{type(e).__name__}: {e}"}
+            answer = {"ok": False, "kind": "other", "detail": scrub(f"{type(e).__name__}: {e}")}
+        answer["id"] = req.get("id") if isinstance(req, dict) else None   # the trainer matches answers by id
         out.write(json.dumps(answer) + "\n")
         out.flush()
 
@@ -62,7 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(10)   # training first
-    serve(sys.stdin, sys.stdout)
+    # the protocol keeps the real stdout; anything else printing here (a library's warning) goes to stderr
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    serve(sys.stdin, protocol)
     return 0
 
 
