@@ -95,7 +95,8 @@ class Proxy:
         self.flowing = threading.Event()
         self.flowing.set()
         self.refusing = False     # True: every new connection is closed at once (a store that is down)
-        self.hold_on: bytes | None = None   # pause by itself before forwarding a request that holds these bytes
+        # pause by itself before forwarding a request that holds these bytes (or any of a tuple of them)
+        self.hold_on: bytes | tuple[bytes, ...] | None = None
         self.bytes_up = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -131,7 +132,8 @@ class Proxy:
                 data = src.recv(65536)
                 if not data:
                     break
-                if up and self.hold_on is not None and self.hold_on in tail + data:
+                held = (self.hold_on,) if isinstance(self.hold_on, bytes) else self.hold_on
+                if up and held is not None and any(h in tail + data for h in held):
                     self.hold_on = None
                     self.flowing.clear()
                 tail = data[-256:]

@@ -44,7 +44,9 @@ trian: {}
                    "train.compile: expected true or false", "trian: unknown section (did you mean train?)",
                    "model.d_model: 100 is not divisible by model.n_head 12",
                    "model.n_head: 12 is not divisible by model.n_kv_head 5",
-                   "train.total_steps: must be positive", "set grad_accum_steps to 16", str(p)]:
+                   "train.total_steps: must be positive",
+                   "train.grad_accum_steps: 8 disagrees with train.batch_size 512 / train.micro_batch_size 32 = 16",
+                   str(p)]:
         assert needle in msg, needle
 
 
@@ -88,9 +90,26 @@ def test_configs_are_frozen():
         cfg.train.total_steps = 3  # type: ignore[misc]
 
 
-def test_world_size_rule():
-    assert C.validate(C.Config(), world_size=2)
-    assert not C.validate(C.Config(train=C.TrainConfig(grad_accum_steps=8)), world_size=2)
+def test_grad_accum_is_derived_for_every_rank_count_and_a_disagreeing_value_names_the_three_numbers(tmp_path):
+    """grad_accum_steps counts the step's micro-batches over all ranks (batch / micro): the same on 1, 2 or 4
+    ranks; a rank count that cannot share them out, or a value that disagrees, is an error that says what fits."""
+    assert C.Config().train.grad_accum_steps == 16   # 512 / 32, derived
+    for world in (1, 2, 4, 8, 16):
+        assert not C.validate(C.Config(), world_size=world)
+    (three,) = C.validate(C.Config(), world_size=3)
+    assert "16 micro-batches a step cannot be shared out over 3 ranks; run on 1, 2, 4, 8, 16 ranks" in three
+    (wrong,) = C.validate(C.Config(train=C.TrainConfig(grad_accum_steps=8)))
+    assert wrong.startswith("train.grad_accum_steps: 8 disagrees with train.batch_size 512 / "
+                            "train.micro_batch_size 32 = 16") and "set it to 16" in wrong
+    lab = REPO / "configs" / "x1-50m-a100.yaml"
+    assert C.load(lab, sets=["train.micro_batch_size=16"]).train.grad_accum_steps == 32   # the file's 16 re-derived
+    assert C.load(lab, sets=["train.micro_batch_size=16"], world_size=2).train.grad_accum_steps == 32
+    with pytest.raises(C.ConfigError, match="disagrees"):
+        C.load(lab, sets=["train.micro_batch_size=16", "train.grad_accum_steps=16"])
+    with pytest.raises(C.ConfigError, match=r"is not a multiple of train\.micro_batch_size 48"):
+        C.load(lab, sets=["train.micro_batch_size=48"])
+    p = write(tmp_path, "train: {batch_size: 64, micro_batch_size: 8}\n")
+    assert C.load(p).train.grad_accum_steps == 8
 
 
 def test_the_lab_config_holds_the_labs_budget_and_checkpoint_cadence():

@@ -270,3 +270,41 @@ def test_the_fit_counts_the_task_evaluations_at_their_measured_cost(tmp_path):
     control.on_verdict(control.monitor.check())
     steps_that_fit = int((100.0 - 0.60 - 0.50) / 0.15 + 1e-9)
     assert control.proposed_end == 25 + steps_that_fit - 1     # FIT_SLACK_STEPS short
+
+
+def test_a_resume_on_slower_hardware_re_plans_once_the_speed_is_measured_not_at_the_next_check(tmp_path):
+    """The plan expected 1 s a step (the old GPU) and the checks come every 30 min; on the new machine a step
+    takes 10 s and the price is $36/h. Three warm-up steps and two measured ones later the watcher checks at
+    once, and the fit ends the run where $100 pays for 10 s steps at $0.01 a second, not 1 s steps."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from x1_pretrain.core.config import OptimConfig
+    from x1_pretrain.training.budget_control import FitContext
+
+    from ..servers import wait_until
+
+    optim = OptimConfig(lr=1e-3, min_lr=1e-4, warmup_steps=2, schedule="wsd", decay_fraction=0.5)
+    budget = tmp_path / "budget.json"
+    budget_json(budget, 0.0, rate=36.0)
+    setup = BudgetSetup(BudgetConfig(cap_usd=100.0, check_every_min=30.0), str(budget),
+                        Limits(100.0, 90.0, lines=NO_LINES, reserve_min=1.0), Alerts())
+    logs: list[str] = []
+    control = BudgetControl(setup, tmp_path, logs.append, None,
+                            fit=FitContext(total_steps=100_000, optim=optim, expected_step_s=1.0))
+    now = [0.0]
+    control.monitor._fx = dataclasses.replace(control.monitor._fx, monotonic=lambda: now[0])
+    run = SimpleNamespace(checkpointer=None, horizon=None, end_step=100_000, proposed_end=0)
+    control.watcher.start()
+    try:
+        for step in range(1, 6):
+            now[0] += 10.0
+            control.after_step(run, SimpleNamespace(step=step), None)
+            assert control.watcher.checks == 0 or step == 5
+        assert wait_until(lambda: control.watcher.checks >= 1, timeout=30)
+        assert wait_until(lambda: control.proposed_end > 0 or run.proposed_end > 0, timeout=30)
+    finally:
+        control.close()
+    assert any("10.00 s a step measured after the warm-up" in x for x in logs), logs
+    end = control.proposed_end or run.proposed_end
+    assert 500 < end < 5 + (100.0 - 0.60) / 0.10   # 10 s steps at $0.01/s: ~990 more, where 1 s steps would give ~9,900

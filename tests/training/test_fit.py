@@ -128,7 +128,9 @@ def test_a_kill_inside_the_decay_resumes_the_same_schedule_bit_for_bit(demo_data
     ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
     async_off = ["--set", "checkpoint.async_save=false", "--set", "checkpoint.keep_last=100000"]
     per_step = 0.4     # $10 pays for ~25 steps: the decay starts near step 12, few checkpoints to write
-    billing = StepBilling(budget, ckpt, lambda s: per_step, free_start_up=True)
+    # until a step is measured the rate assumes 2 s a step: a slow machine's start-up (imports, the first step)
+    # is then aged at $0.2/s by the guard, not at the $2/s of the steps it has not run yet
+    billing = StepBilling(budget, ckpt, lambda s: per_step, free_start_up=True, step_s=2.0)
     seen: dict[str, int | None] = {}
     try:
         proc = start(train_cmd(demo_data, ckpt, 400, *fit_args(budget), *async_off, ckpt_every=1),

@@ -61,3 +61,20 @@ def test_optimizer_state_of_another_layout_is_refused_with_the_fix():
     fused = Transformer(dataclasses.replace(cfg.model, fused_projections=True))
     with pytest.raises(ValueError):
         torch.optim.AdamW(fused.parameters(), lr=1e-3).load_state_dict(opts[0].state_dict())
+
+
+def test_another_micro_batch_or_rank_count_resumes_but_another_global_batch_or_seed_is_refused():
+    """A checkpoint whose config holds a per-rank accumulation (written by 2 ranks before it was derived over all
+    ranks) or another micro-batch resumes with a note; batch_size or seed, which decide the data order, do not."""
+    cfg = C.load(TINY)
+    data = SimpleNamespace(identity="d", directory=Path("data"))
+    saved = cfg.to_dict()
+    saved["train"].update(micro_batch_size=4, grad_accum_steps=2)   # 2 ranks x 2 micro-steps x 4 sequences
+    found = SimpleNamespace(state={"config": saved, "data_identity": "d"}, path=Path("step_0000004"))
+    logs: list[str] = []
+    assert check_compatible(found, cfg, data, allow=False, log=logs.append) == []
+    assert any("train.micro_batch_size changed from 4 to 8" in x for x in logs)
+    for key, value in (("batch_size", 32), ("seed", 7)):
+        other = C.load(TINY, sets=[f"train.{key}={value}"])
+        with pytest.raises(X1Error, match=rf"train\.{key}: "):
+            check_compatible(found, other, data, allow=False, log=logs.append)

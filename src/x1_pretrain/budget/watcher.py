@@ -20,6 +20,7 @@ class BudgetWatcher:
                  log: Callable[[str], None] = print) -> None:
         self._check, self._on_verdict, self.every_s, self._log = check, on_verdict, every_s, log
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self.checks = 0
 
@@ -28,8 +29,16 @@ class BudgetWatcher:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
+        while True:
+            self._wake.wait(self.every_s)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
             self.tick()
+
+    def wake(self) -> None:
+        """Check now, on the watcher's thread (the next regular check comes ``every_s`` after this one)."""
+        self._wake.set()
 
     def tick(self) -> Any:
         """One check now (also what the thread does every ``every_s``)."""
@@ -44,5 +53,6 @@ class BudgetWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)

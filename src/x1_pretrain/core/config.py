@@ -88,7 +88,8 @@ class TrainConfig:
     total_steps: int = 84000         # optimizer steps
     batch_size: int = 512            # sequences per optimizer step (global, all ranks)
     micro_batch_size: int = 32       # sequences per forward/backward on one device
-    grad_accum_steps: int = 16       # micro-batches per optimizer step (per rank)
+    grad_accum_steps: int = 0        # micro-batches per step over all ranks = batch_size / micro_batch_size
+                                     # (0: derived; each of N ranks runs grad_accum_steps / N of them)
     seed: int = 42
     precision: Literal["bf16", "fp32"] = "bf16"  # bf16 autocast with fp32 master weights, or plain fp32
     compile: bool = True
@@ -113,6 +114,10 @@ class TrainConfig:
     eval_tasks_every: int = 0        # ... every this many steps (0: only when the run ends)
     eval_tasks_limit: int | None = None  # ... on the first N items of each task (None: all)
     eval_tasks_max_s: float = 300.0  # ... in at most this many seconds each time (the rest is skipped, said)
+
+    def __post_init__(self) -> None:
+        if self.grad_accum_steps == 0 and self.micro_batch_size > 0 and self.batch_size % self.micro_batch_size == 0:
+            object.__setattr__(self, "grad_accum_steps", self.batch_size // self.micro_batch_size)   # derived
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,15 +282,30 @@ def from_dict(data: Any, source: str = "config", world_size: int = 1) -> Config:
             continue
         sections[name] = _section_from_dict(SECTIONS[name], value, name, problems)
     cfg = Config(**sections)
-    if world_size > 1:  # the global batch stays; each rank accumulates fewer micro-batches
-        t = cfg.train
-        per_rank, rest = divmod(t.batch_size, max(t.micro_batch_size, 1) * world_size)
-        if rest == 0 and per_rank > 0:
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(t, grad_accum_steps=per_rank))
     problems.extend(validate(cfg, world_size))
     if problems:
         raise ConfigError(problems, source)
     return cfg
+
+
+def batch_problems(batch: int, micro: int, accum: int, world_size: int = 1) -> list[str]:
+    """The global batch is ``accum`` micro-batches of ``micro`` sequences, shared out over the ranks."""
+    if batch <= 0 or micro <= 0:
+        return []
+    if batch % micro:
+        return [f"train.batch_size: {batch} is not a multiple of train.micro_batch_size {micro}; choose a "
+                f"micro-batch that divides it"]
+    chunks = batch // micro
+    if accum != chunks:
+        return [f"train.grad_accum_steps: {accum} disagrees with train.batch_size {batch} / train.micro_batch_size "
+                f"{micro} = {chunks} micro-batches a step; leave grad_accum_steps out (it is derived) or set it to "
+                f"{chunks} (with N ranks each runs {chunks}/N)"]
+    if world_size > 1 and chunks % world_size:
+        fits = [n for n in range(1, chunks + 1) if chunks % n == 0 and n <= 64]
+        return [f"train.batch_size: {batch} / train.micro_batch_size {micro} = {chunks} micro-batches a step cannot "
+                f"be shared out over {world_size} ranks; run on {', '.join(map(str, fits))} ranks, or choose a "
+                "micro_batch_size that gives a multiple of the rank count"]
+    return []
 
 
 def validate(cfg: Config, world_size: int = 1) -> list[str]:
@@ -321,19 +341,11 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
             p.append(f"optim.{key}: must be in [0, 1), got {getattr(o, key)}")
     if o.weight_decay < 0 or o.grad_clip < 0 or o.eps <= 0:
         p.append("optim.weight_decay and optim.grad_clip must be >= 0 and optim.eps > 0")
-    for key in ("total_steps", "batch_size", "micro_batch_size", "grad_accum_steps", "log_every",
+    for key in ("total_steps", "batch_size", "micro_batch_size", "log_every",
                 "eval_every", "eval_batches", "prefetch", "throughput_window", "loss_chunk_tokens"):
         if getattr(t, key) <= 0:
             p.append(f"train.{key}: must be positive, got {getattr(t, key)}")
-    if t.micro_batch_size > 0 and t.grad_accum_steps > 0 and \
-            t.micro_batch_size * t.grad_accum_steps * world_size != t.batch_size:
-        ws = f" x world size {world_size}" if world_size > 1 else ""
-        p.append(f"train.batch_size: {t.batch_size} != train.micro_batch_size {t.micro_batch_size} x "
-                 f"train.grad_accum_steps {t.grad_accum_steps}{ws}; set grad_accum_steps to "
-                 f"{t.batch_size / (t.micro_batch_size * world_size):g}"
-                 if (t.batch_size / (t.micro_batch_size * world_size)).is_integer()
-                 else f"train.batch_size: {t.batch_size} is not a multiple of micro_batch_size "
-                      f"{t.micro_batch_size}{ws}")
+    p.extend(batch_problems(t.batch_size, t.micro_batch_size, t.grad_accum_steps, world_size))
     s = cfg.spike
     if not 0 < s.ema_alpha <= 1:
         p.append(f"spike.ema_alpha: must be in (0, 1], got {s.ema_alpha}")
@@ -422,8 +434,10 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[s
          world_size: int = 1) -> Config:
     """Load ``path``, apply flag ``overrides`` ({"train.total_steps": 100}) then ``--set`` strings.
 
-    With ``world_size`` > 1, ``train.grad_accum_steps`` becomes batch_size / (micro_batch_size x world_size)
-    (an error when that does not divide), so the global batch is the same on any number of ranks."""
+    ``train.grad_accum_steps`` is derived: batch_size / micro_batch_size micro-batches a step over all ranks
+    (each of ``world_size`` ranks runs its share), so the global batch is the same on any number of ranks. A
+    flag or ``--set`` that changes batch_size or micro_batch_size without grad_accum_steps drops the file's
+    grad_accum_steps (it was the file's batch over the file's micro-batch)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -446,6 +460,11 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[s
             problems.append(f"--set {s!r}: expected section.key=value")
             continue
         items.append((key.strip(), yaml.safe_load(raw) if raw.strip() else raw))
+    given = {RENAMED.get(k, k) for k, _ in items}
+    train = merged.get("train")
+    if isinstance(train, dict) and given & {"train.batch_size", "train.micro_batch_size"} \
+            and "train.grad_accum_steps" not in given:
+        train.pop("grad_accum_steps", None)   # the file's value matched the file's batch and micro-batch
     for key, value in items:
         if key in RENAMED:
             _notice(f"--set {key}: {key} is now {RENAMED[key]} (the old key is read for one release)")
@@ -489,6 +508,9 @@ OPERATIONAL_KEYS = frozenset({
     "train.fused_loss", "train.loss_chunk_tokens", "train.bf16_residual", "train.compile_scope",
     "train.deterministic", "train.sdpa_cudnn", "train.eval_tasks", "train.eval_tasks_every", "train.eval_tasks_limit",
     "train.eval_tasks_max_s",
+    # how the global batch is cut: a step's sequences depend on batch_size, seed and seq_len only
+    # (data.tokens.Sampler), so another micro-batch or rank count trains on the same data (float rounding apart)
+    "train.micro_batch_size", "train.grad_accum_steps",
     # money: the cap, its lines and cadences may change between restarts (budget.fit changes the schedule: not here)
     *(f"budget.{f.name}" for f in dataclasses.fields(BudgetConfig) if f.name != "fit"),
 })

@@ -40,7 +40,8 @@ class StepBilling:
         tmp.write_text(json.dumps({
             "spent_usd": round(self.spent, 6), "rate_usd_per_hr": rate, "hours_elapsed": 0.0,
             "projected_total_usd": round(self.spent, 6), "fixed_usd": {"disk_usd": 0.0, "egress_usd": 0.0},
-            "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            # milliseconds: at a simulated $2 a second, a reading aged by whole seconds would be dollars off
+            "last_update_utc": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "provider": "simulated (dollars per step)"}))
         tmp.replace(self.budget)
 

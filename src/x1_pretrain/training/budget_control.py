@@ -108,6 +108,7 @@ class BudgetControl(Callback):
         # budget.max_hours counts from the run's first start, kept in the ledger across restarts and machines
         self.run_started_unix = self.ledger.run_started(fit.first_start_estimate_unix) if fit else time.time()
         self.request: tuple[int, str] | None = None
+        self._replanned = False   # the check at this process's first measured speed (another GPU, another price)
         self._timer: threading.Timer | None = None
         self._exit = os._exit  # replaced in tests that must not end the test process
 
@@ -210,6 +211,12 @@ class BudgetControl(Callback):
         ckpt_s = getattr(run.checkpointer, "last_save_s", 0.0) or 0.0
         self.horizon = run.horizon
         self.monitor.note_step(state.step, run.end_step, ckpt_s, self.evals() if self.evals else None)
+        if not self._replanned and self.monitor.train_step_s is not None:
+            self._replanned = True   # this machine's speed, and the price the next check reads: plan with them now
+            self.log(f"budget: {self.monitor.train_step_s:.2f} s a step measured after the warm-up on this machine: "
+                     f"checking the plan with it and the current rate now, not in "
+                     f"{self.setup.cfg.check_every_min:g} min")
+            self.watcher.wake()
         if self.proposed_end:
             run.proposed_end, self.proposed_end = self.proposed_end, 0
         if self.request is None:

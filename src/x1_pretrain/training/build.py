@@ -389,11 +389,17 @@ def _task_eval(ctx: Context) -> list[Any]:
     return [TaskEval(items, load_gpt2().encode, ctx.log, alert_sender(ctx), eval_cost(ctx.cfg))]
 
 
-def _val_batches(ctx: Context, data: TokenData) -> list[Any]:
-    cfg = ctx.cfg
-    starts = val_starts(data.val.size, cfg.model.seq_len, cfg.train.eval_batches * cfg.train.micro_batch_size)
-    return [gather(data.val, starts[i:i + cfg.train.micro_batch_size], cfg.model.seq_len)
-            for i in range(0, len(starts), cfg.train.micro_batch_size)]
+def _val_batches(ctx: Context, data: TokenData, resume: Resume) -> list[Any]:
+    """The fixed val windows, eval_batches micro-batches' worth: on a resume with another micro-batch (and the
+    same eval_batches) the run's own set, so val/loss keeps measuring the same windows."""
+    t = ctx.cfg.train
+    saved = resume.state.get("config", {}).get("train", {})
+    micro = t.micro_batch_size
+    if saved.get("eval_batches") == t.eval_batches and int(saved.get("micro_batch_size") or micro) != micro:
+        micro = int(saved["micro_batch_size"])
+    starts = val_starts(data.val.size, ctx.cfg.model.seq_len, t.eval_batches * micro)
+    return [gather(data.val, starts[i:i + t.micro_batch_size], ctx.cfg.model.seq_len)
+            for i in range(0, len(starts), t.micro_batch_size)]
 
 
 def _compile_fallback_report(ctx: Context, tracker: Any, alert: Any) -> Any:
@@ -411,7 +417,8 @@ def build_run(ctx: Context) -> Built:
     cfg, log = ctx.cfg, ctx.log
     data, uri, artifact_location = _open_store(ctx)
     task_eval = _task_eval(ctx)
-    resume = find_resume(ctx.ckpt_dir, ctx.opts.resume, ctx.opts.allow_config_change, cfg, data, log)
+    resume = find_resume(ctx.ckpt_dir, ctx.opts.resume, ctx.opts.allow_config_change, cfg, data, log,
+                         ctx.world.size)
     model, forward, optimizer, state = _model(ctx, resume)
     ddp = forward if ctx.world.size > 1 else None
     fallback: CompileFallback | None = None
@@ -428,7 +435,7 @@ def build_run(ctx: Context) -> Built:
         fallback.distributed = ctx.world.size > 1
     chunks_per_step = cfg.train.batch_size // cfg.train.micro_batch_size
     sampler = Sampler(data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size, chunks_per_step)
-    val_batches = _val_batches(ctx, data)
+    val_batches = _val_batches(ctx, data, resume)
     log(f"data {data.directory}: {data.train.size:,} train tokens ({sampler.n_windows:,} windows), "
         f"{data.val.size:,} val tokens ({sum(len(x) for x, _ in val_batches)} fixed eval windows); "
         f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")

@@ -24,10 +24,11 @@ class World:
     def main(self) -> bool:
         return self.rank == 0
 
-    def chunks(self, grad_accum_steps: int) -> list[int]:
-        """The chunk indices this rank runs each step: micro-step m of rank r takes chunk m*size + r, so the
-        union over ranks is the single-process step's chunks 0..accum*size-1."""
-        return [m * self.size + self.rank for m in range(grad_accum_steps)]
+    def chunks(self, chunks_per_step: int) -> list[int]:
+        """The chunk indices (micro-batches) this rank runs each step: micro-step m of rank r takes chunk
+        m*size + r, so the union over ranks is the single-process step's chunks 0..chunks_per_step-1 whatever the
+        rank count (``chunks_per_step`` is ``train.grad_accum_steps``, a multiple of the rank count)."""
+        return [m * self.size + self.rank for m in range(chunks_per_step // self.size)]
 
 
 def world_from_env() -> World:

@@ -27,7 +27,8 @@ class Resume:
         return self.found.state if self.found is not None else {}
 
 
-def find_resume(ckpt_dir: Path, resume: bool, allow_change: bool, cfg: C.Config, data: Any, log: Log) -> Resume:
+def find_resume(ckpt_dir: Path, resume: bool, allow_change: bool, cfg: C.Config, data: Any, log: Log,
+                world_size: int = 1) -> Resume:
     if not resume:
         existing = ck.list_step_dirs(ckpt_dir)
         if existing:
@@ -38,7 +39,15 @@ def find_resume(ckpt_dir: Path, resume: bool, allow_change: bool, cfg: C.Config,
     if found is None:
         log(f"no complete checkpoint in {ckpt_dir} yet: starting fresh")
         return Resume()
-    return Resume(found, check_compatible(found, cfg, data, allow_change, log))
+    changes = check_compatible(found, cfg, data, allow_change, log)
+    saved_world = int(found.state.get("world_size") or 1)
+    if saved_world != world_size:
+        t = cfg.train
+        log(f"resuming {found.path.name}, written by {saved_world} rank(s), on {world_size}: the same global batch "
+            f"({t.batch_size} sequences = {t.grad_accum_steps} micro-batches of {t.micro_batch_size}, "
+            f"{t.grad_accum_steps // world_size} a rank) and the same sequences at every step; the weights follow "
+            "an uninterrupted run to float rounding (bitwise only on the rank count and micro-batch that wrote it)")
+    return Resume(found, changes)
 
 
 def check_compatible(found: ck.Found, cfg: C.Config, data: Any, allow: bool, log: Log) -> list[str]:

@@ -155,7 +155,8 @@ def train(opts: TrainOptions) -> int:
     log: Log = console if world.main else _quiet  # ranks other than 0 train quietly; errors still reach stderr
     if world.size > 1:
         log(f"data parallel over {world.size} ranks: global batch {cfg.train.batch_size} = micro-batch "
-            f"{cfg.train.micro_batch_size} x grad accumulation {cfg.train.grad_accum_steps} x {world.size} ranks")
+            f"{cfg.train.micro_batch_size} x grad accumulation {cfg.train.grad_accum_steps // world.size} x "
+            f"{world.size} ranks")
     import numpy as np  # noqa: F401  (imported before torch on purpose: fail fast on a broken env)
 
     if world.main and cfg.train.eval_tasks.strip():
