@@ -80,9 +80,12 @@ def remote_manifest(store: Store) -> dict | None:
                       "again") from None
 
 
-def _send(store: Store, local: Path, rel: str, snapshots: Path) -> dict[str, object]:
-    """Upload one file unless the remote object already holds these bytes; returns its manifest entry and
-    whether it was sent."""
+Entry = dict[str, object]   # a manifest's {"bytes", "sha256"} of one file
+
+
+def _send(store: Store, local: Path, rel: str, snapshots: Path, remote_size: int | None) -> tuple[Entry, bool]:
+    """Upload one file unless the remote object (``remote_size`` from the listing) already holds these bytes;
+    returns its manifest entry and whether it was sent."""
     path = local / rel
     size = path.stat().st_size
     if size <= SNAPSHOT_MAX_BYTES:
@@ -91,14 +94,14 @@ def _send(store: Store, local: Path, rel: str, snapshots: Path) -> dict[str, obj
         path, size = copy, copy.stat().st_size
     before = path.stat().st_mtime_ns
     meta: dict[str, object] = {"bytes": size, "sha256": sha256_file(path)}
-    there = store.head(rel)
+    there = store.head(rel) if remote_size == size else None   # only a same-size object can hold these bytes
     if there is not None and there[0] == size and there[1].get("sha256") == meta["sha256"]:
-        return {**meta, "sent": False}
+        return meta, False
     store.put_file(path, rel, metadata={"sha256": str(meta["sha256"])})
     if path.stat().st_mtime_ns != before or path.stat().st_size != size:
         raise X1Error(f"{local / rel} changed while it was pushed (more than {SNAPSHOT_MAX_BYTES >> 20} MB: not "
                       "snapshotted); push it once nothing writes to it")
-    return {**meta, "sent": True}
+    return meta, True
 
 
 def push(store: Store, local: Path, log: Log, if_absent: bool = False) -> tuple[int, int]:
@@ -129,10 +132,9 @@ def push(store: Store, local: Path, log: Log, if_absent: bool = False) -> tuple[
     snapshots.mkdir(exist_ok=True)
     try:
         for rel in rels:
-            entry = _send(store, local, rel, snapshots)
-            if entry.pop("sent"):
-                sent, nbytes = sent + 1, nbytes + int(entry["bytes"])   # type: ignore[call-overload]
-            files[rel] = entry
+            files[rel], was_sent = _send(store, local, rel, snapshots, remote.get(rel))
+            if was_sent:
+                sent, nbytes = sent + 1, nbytes + int(files[rel]["bytes"])   # type: ignore[call-overload]
     finally:
         shutil.rmtree(snapshots, ignore_errors=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -175,7 +177,7 @@ def pull(store: Store, local: Path, log: Log) -> str:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         for rel, meta in files.items():
-            dest = tmp / safe_rel(rel)
+            dest = tmp / rel   # checked by remote_manifest: inside the folder
             dest.parent.mkdir(parents=True, exist_ok=True)
             store.get_file(rel, dest)
             if dest.stat().st_size != int(meta["bytes"]) or sha256_file(dest) != meta["sha256"]:

@@ -257,7 +257,7 @@ class TrainerState:
 
     def __call__(self, run: Any, st: LoopState) -> dict[str, Any]:
         cfg = self.ctx.cfg
-        chunks = cfg.train.batch_size // cfg.train.micro_batch_size
+        chunks = cfg.train.grad_accum_steps   # micro-batches a step over all ranks
         return {
             "step": st.step, "tokens_seen": st.tokens_seen, "train_time_s": st.train_time_s,
             "wall_clock_s": time.time() - self.ctx.started_unix + self.wall_before,
@@ -395,8 +395,8 @@ def _val_batches(ctx: Context, data: TokenData, resume: Resume) -> list[Any]:
     t = ctx.cfg.train
     saved = resume.state.get("config", {}).get("train", {})
     micro = t.micro_batch_size
-    if saved.get("eval_batches") == t.eval_batches and int(saved.get("micro_batch_size") or micro) != micro:
-        micro = int(saved["micro_batch_size"])
+    if saved.get("eval_batches") == t.eval_batches:
+        micro = int(saved.get("micro_batch_size") or micro)
     starts = val_starts(data.val.size, ctx.cfg.model.seq_len, t.eval_batches * micro)
     return [gather(data.val, starts[i:i + t.micro_batch_size], ctx.cfg.model.seq_len)
             for i in range(0, len(starts), t.micro_batch_size)]
@@ -433,8 +433,8 @@ def build_run(ctx: Context) -> Built:
         log(f"torch.compile mode={mode}, scope {scope} (first step includes compilation)")
         forward = fallback = compile_model(model, forward, mode, scope, log)
         fallback.distributed = ctx.world.size > 1
-    chunks_per_step = cfg.train.batch_size // cfg.train.micro_batch_size
-    sampler = Sampler(data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size, chunks_per_step)
+    sampler = Sampler(data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size,
+                      cfg.train.grad_accum_steps)   # micro-batches a step over all ranks
     val_batches = _val_batches(ctx, data, resume)
     log(f"data {data.directory}: {data.train.size:,} train tokens ({sampler.n_windows:,} windows), "
         f"{data.val.size:,} val tokens ({sum(len(x) for x, _ in val_batches)} fixed eval windows); "

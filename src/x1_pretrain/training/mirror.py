@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..core import names as N
 from ..core.objstore import Store, StoreError, scrub
@@ -108,7 +108,6 @@ class _UploadProcess:
         proc = self._start()
         if proc is None:
             raise StoreError("other", "the mirror is closed")
-        assert proc.stdin is not None and proc.stdout is not None
         self._next_id += 1
         size = path.stat().st_size
         request = {"id": self._next_id, "url": str(self.store.url), "path": str(path.resolve()), "rel": rel,
@@ -117,7 +116,7 @@ class _UploadProcess:
         wait_s = (connect + read) * max(int(attempts), 1) + size / self.MIN_RATE_BPS
         answer = self._ask(proc, request, wait_s)
         if answer is None:
-            return self._died(proc, wait_s)
+            self._died(proc, wait_s)
         self._deaths = 0
         if not answer.get("ok"):
             detail = scrub(str(answer.get("detail")))
@@ -145,7 +144,7 @@ class _UploadProcess:
             return None   # out of step with the worker: never take another request's answer for this one
         return answer
 
-    def _died(self, proc: subprocess.Popen[str], wait_s: float) -> bool:
+    def _died(self, proc: subprocess.Popen[str], wait_s: float) -> NoReturn:
         code = proc.poll()
         self._kill(proc)
         self._deaths += 1
