@@ -99,7 +99,9 @@ case "$*" in
     mkdir -p "$FAKE_WS/checkpoints/step_0000001"; touch "$FAKE_WS/checkpoints/step_0000001/DONE"
     echo step_0000001 > "$FAKE_WS/checkpoints/latest"; echo "trainer says hello"
     if [ -n "${FAKE_TRAIN_UNTIL_TERM:-}" ]; then  # a trainer that runs until a stop, then checkpoints and says so
-      trap 'echo "trainer stopped by TERM"; exit 75' TERM; touch "$FAKE_DIR/training"; sleep 60 & wait; fi
+      # (its sleep is killed too: a child left behind would hold the script's stdout open)
+      sleep 600 & nap=$!
+      trap 'kill $nap; echo "trainer stopped by TERM"; exit 75' TERM; touch "$FAKE_DIR/training"; wait; fi
     exit "$FAKE_TRAIN_EXIT" ;;
   "-m x1_pretrain.remote"*) exec "$REAL_PYTHON" "$@" ;;
   "-m x1_pretrain."*) exit 0 ;;
