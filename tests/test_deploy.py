@@ -68,11 +68,13 @@ def test_scripts_parse_and_use_the_labs_commands(task):
     assert ("--output-dir /workspace/data/tokenized --tokenizer gpt2 --val-fraction 0.001 --workers 16") in run
     assert "python -m x1_pretrain.budget_sidecar --provider \"$provider\" --out /workspace/budget.json " \
            "--interval-min 5" in run
-    assert ("python -m x1_pretrain.watchdog --events-file \"$logs/watchdog.jsonl\" -- python -m x1_pretrain.train "
+    # one machine runs the lab's command as written; several put torchrun before its module (launcher)
+    assert "launcher=(python -m x1_pretrain.train)" in run and "budget_uri=/workspace/budget.json" in run
+    assert ("python -m x1_pretrain.watchdog --events-file \"$logs/watchdog.jsonl\" -- \"${launcher[@]}\" "
             "--config configs/x1-50m-a100.yaml --data-dir /workspace/data/tokenized --ckpt-dir /workspace/checkpoints "
             "--mlflow-uri file:///workspace/mlruns --total-steps \"$X1_TOTAL_STEPS\" --ckpt-every 1800 "
             "--checkpoint-every-min 15 --eval-every 1800 --log-every 10 --resume-from-latest --budget-cap-usd 35.0 "
-            "--budget-curr-cost-uri /workspace/budget.json") in run
+            "--budget-curr-cost-uri \"$budget_uri\"") in run
     assert "python -m x1_pretrain.export_run --mlflow-uri file:///workspace/mlruns " \
            "--output experiments/X1-pretraining/run-cloud/" in run
     assert "python -m x1_pretrain.postmortem --mlflow-uri file:///workspace/mlruns " \
@@ -262,6 +264,59 @@ def test_a_stop_reaches_the_trainer_and_the_logs_go_up_after_it_ended(task, tmp_
     assert "trainer stopped by TERM" in (ws / "logs" / "train.log").read_text()
     pushed = Store(RemoteURL.parse(s3env)).get_bytes("logs/cloud.log")
     assert pushed is not None and "interrupted after a clean checkpoint" in pushed.decode()
+
+
+def test_two_nodes_one_bill_one_rendezvous_and_the_head_alone_exports(task, tmp_path):
+    """`--num-nodes 2`: the head bills both machines (the clock at one machine's rate, sidecar --nodes 2) and serves
+    budget.json to the other node, whose watchdog reads it over HTTP; each node's watchdog runs torchrun with its
+    SkyPilot node rank and the head's address (so the head holds rank 0); only the head exports the bundle."""
+    import urllib.request
+
+    from .s3server import free_port
+
+    port = free_port()
+    common = {"LAMBDA_API_KEY": "k", "X1_RATE_USD_PER_HR": "1.10", "SKYPILOT_NUM_NODES": "2",
+              "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.2", "SKYPILOT_NUM_GPUS_PER_NODE": "1",
+              "X1_BUDGET_PORT": str(port), "SKYPILOT_TASK_ID": "job-7"}
+    cmd, env, ws = _script(task, tmp_path / "head", 0, FAKE_TRAIN_UNTIL_TERM="1", SKYPILOT_NODE_RANK="0", **common)
+    head = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_until(lambda: (tmp_path / "head" / "fake" / "training").exists() or head.poll() is not None,
+                          timeout=60)
+        assert head.poll() is None, head.communicate()[0]
+        url = f"http://127.0.0.1:{port}/budget.json"
+        assert wait_until(lambda: _answers(url), timeout=30)
+        assert json.loads(urllib.request.urlopen(url, timeout=10).read()) == {"spent_usd": 0.1}
+        proc, calls1, _ = _run(task, tmp_path / "node1", 0, SKYPILOT_NODE_RANK="1", **common)
+        head.send_signal(signal.SIGTERM)
+        out, _ = head.communicate(timeout=60)
+    finally:
+        if head.poll() is None:
+            head.kill()
+    assert proc.returncode == 0 and head.returncode == 75, proc.stdout + out
+    calls0 = _calls(tmp_path / "head" / "fake")
+    sidecar = _call(calls0, "x1_pretrain.budget_sidecar")
+    assert sidecar[2:4] == ["--provider", "clock"] and sidecar[-4:] == ["--rate-usd-per-hr", "1.10", "--nodes", "2"]
+    assert _call(calls1, "x1_pretrain.budget_sidecar") is None and _call(calls1, "x1_pretrain.export_run") is None
+    for calls, rank, uri in ((calls0, 0, f"{ws}/budget.json"), (calls1, 1, url)):
+        wd = _call(calls, "x1_pretrain.watchdog")
+        assert wd is not None
+        run = wd[wd.index("--") + 1:]
+        assert run[:11] == ["python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+                            f"--node-rank={rank}", "--master-addr=127.0.0.1", "--master-port=29500",
+                            "--rdzv-conf=timeout=3600", "-m", "x1_pretrain.train"]
+        assert run[run.index("--budget-curr-cost-uri") + 1] == uri
+    assert "node 1 of 2: the head (127.0.0.1) bills every node" in proc.stdout
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url, timeout=2).read()
+        return True
+    except OSError:
+        return False
 
 
 def test_skypilot_loads_the_task_and_each_cloud_supports_what_it_is_asked():

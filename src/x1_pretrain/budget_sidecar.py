@@ -20,6 +20,9 @@ are billed too), and budget.json says which (started_from). A restarted sidecar 
           its fall since the first poll is cross-checked against the integrated total and the higher is used.
   clock   a fixed --rate-usd-per-hr, no network.
 
+--nodes N (a multi-node job: N identical machines launched together): the one sidecar on the head node bills
+them all, its machine's rate and the --disk-usd line times N, so the trainer's cap guards the sum.
+
 When a poll fails (network, a server that answers slowly or never: every request has a total deadline of
 --timeout-s, HTTP status, malformed answer, GraphQL errors) budget.json is left as it was, so the guard
 sees its age; one line goes to stderr and polling goes on. The API key is read from an environment
@@ -37,7 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
-from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, PROVIDERS, ApiSource, ClockSource
+from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, PROVIDERS, ApiSource, ClockSource, NodesSource
 from .budget.sidecar import BudgetAsk, FixedLines, Sidecar, load_state
 from .core.cli import guarded, old_spelling
 from .core.console import guarded_console
@@ -65,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: LAMBDA_API_KEY / RUNPOD_API_KEY)")
     p.add_argument("--instance-id", default=None, help="Lambda instance to follow (default: the only running one)")
     p.add_argument("--pod-id", default=None, help="RunPod pod to follow (default: the only running one)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="machines of a multi-node job, identical and launched together: one sidecar (on the head "
+                        "node) bills them all, the rate and --disk-usd times N (default 1)")
     p.add_argument("--once", action="store_true", help="poll once; exit 0 if budget.json was updated, else 1")
     p.add_argument("--timeout-s", type=float, default=20.0, help="total deadline of each HTTP request, seconds")
     return p
@@ -98,6 +104,8 @@ def _check(args: argparse.Namespace) -> None:
     for flag, value in (("--disk-usd", args.disk_usd), ("--egress-usd", args.egress_usd)):
         if not (math.isfinite(value) and value >= 0):
             problems.append(f"{flag} must be a non-negative number, got {value}")
+    if args.nodes < 1:
+        problems.append(f"--nodes must be at least 1, got {args.nodes}")
     if not args.out.parent.is_dir():
         problems.append(f"--out {args.out}: directory {args.out.parent} does not exist; create it first")
     if problems:
@@ -113,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         _check(args)
-        lines = FixedLines(disk_usd=args.disk_usd, egress_usd=args.egress_usd)
+        lines = FixedLines(disk_usd=args.disk_usd * args.nodes, egress_usd=args.egress_usd)
         ask = BudgetAsk(args.provider, args.planned_hours, lines, args.started_utc)
-        sidecar = Sidecar(make_source(args, os.environ), args.out, ask, load_state(args.out))
+        source = make_source(args, os.environ)
+        sidecar = Sidecar(source if args.nodes == 1 else NodesSource(source, args.nodes), args.out, ask,
+                          load_state(args.out))
         sidecar._say(f"{args.provider}: writing {args.out} (state in {args.out}.state)")
         if args.once:
             return EXIT_OK if sidecar.poll() else EXIT_UNEXPECTED

@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     size.add_argument("--total-steps", type=int, help="plan this many optimizer steps (default: the config's)")
     p.add_argument("--tokens-per-s", type=float, help="a measured throughput instead of an assumed MFU")
     p.add_argument("--num-gpus", type=int, default=1, help="GPUs in the instance (the rate is for all of them)")
+    p.add_argument("--nodes", type=int, default=1, help="machines of a multi-node job, each with --num-gpus GPUs at "
+                   "--rate-usd-per-hr and its own --disk-usd: GPUs, rate and disk times N (default 1)")
     p.add_argument("--peak-tflops", type=float, help="bf16 peak per GPU, for a GPU not in the table")
     p.add_argument("--setup-hours", type=float, default=0.0, help="billed hours outside training (default 0)")
     p.add_argument("--egress-usd", type=float, default=1.0, help="storage egress line (default $1; the sidecar's)")
@@ -69,11 +71,18 @@ def main(argv: list[str] | None = None) -> int:
         if b.max_hours is None:
             raise X1Error(f"{args.config} has no budget.max_hours: pass --budget-max-hours (the lab's: 24)")
         ask = Ask(hours=args.hours, steps=args.total_steps, mfu=b.assumed_mfu, tokens_per_s=args.tokens_per_s,
-                  n_gpus=args.num_gpus, cap_usd=b.cap_usd, max_hours=b.max_hours,
+                  n_gpus=args.num_gpus * args.nodes, cap_usd=b.cap_usd, max_hours=b.max_hours,
                   setup_hours=args.setup_hours, peak_tflops=args.peak_tflops,
-                  lines=Lines(egress_usd=args.egress_usd, disk_usd=args.disk_usd, buffer_usd=b.buffer_usd),
+                  lines=Lines(egress_usd=args.egress_usd, disk_usd=args.disk_usd * args.nodes,
+                              buffer_usd=b.buffer_usd),
                   reserve_min=b.reserve_min, evals=eval_cost(cfg))
-        plan = make_plan(cfg, args.gpu, args.rate_usd_per_hr, ask)
+        if args.nodes < 1:
+            raise X1Error(f"--nodes must be at least 1, got {args.nodes}")
+        if args.nodes > 1:
+            print(f"{args.nodes} nodes x {args.num_gpus} GPU(s): ${args.rate_usd_per_hr * args.nodes:.2f}/h and "
+                  f"${args.disk_usd * args.nodes:.2f} of disk for all of them (run budget_sidecar --nodes "
+                  f"{args.nodes} on the head node); the assumed MFU includes the gradient all-reduce between nodes")
+        plan = make_plan(cfg, args.gpu, args.rate_usd_per_hr * args.nodes, ask)
         source = ("--total-steps" if args.total_steps else f"{args.hours:g} h" if args.hours
                   else "train.total_steps in the config")
         print(render(plan, str(args.config), source))

@@ -183,3 +183,19 @@ def test_task_evaluations_are_priced_in_the_plan(cfg, capsys):
         assert text in out, text
     code, _, err = run(capsys, "--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--eval-tasks", "mmlu")
     assert code == EXIT_USAGE and "unknown task 'mmlu'" in err
+
+
+def test_two_nodes_double_the_gpus_the_rate_and_the_disk(capsys):
+    """`plan --nodes 2`: twice the GPUs (half the hours for the same steps), twice the hourly rate and the disk
+    line; so the same steps cost the same compute, plus a second disk."""
+    common = ("--gpu", "a100-80gb", "--rate-usd-per-hr", "1.10", "--total-steps", "20000", "--budget-assumed-mfu",
+              "0.48")
+    code, one, _ = run(capsys, *common)
+    code2, two, _ = run(capsys, *common, "--nodes", "2")
+    assert code == code2 == 0
+    assert "2 nodes x 1 GPU(s): $2.20/h and $4.00 of disk for all of them (run budget_sidecar --nodes 2" in two
+    assert "on 2x a100-80gb" in two and "on 1x a100-80gb" in one
+    hours = [float(t.split("time ")[1].split(" h")[0]) for t in (one, two)]
+    assert hours[1] == pytest.approx(hours[0] / 2, abs=0.06)
+    assert "compute (5.9 h x $2.20/h)" in two and "persistent disk                                  $4.00" in two
+    assert run(capsys, *common, "--nodes", "0")[0] == EXIT_USAGE

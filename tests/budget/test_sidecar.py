@@ -561,3 +561,21 @@ def test_polling_loop_in_a_process_stops_on_signal(cloud, tmp_path, sig):
     assert "lambda: HTTP 503" in output and "stopped" in output
     assert KEY not in output and KEY not in out.read_text()
     assert no_temp_files(tmp_path)
+
+
+def test_cli_one_sidecar_bills_every_node(cloud, tmp_path, monkeypatch):
+    """A 2-node job on Lambda: the head node's sidecar reads its own instance ($1.10/h) and writes the bill of
+    both machines (rate and disk line times 2), so the trainer's cap guards the sum."""
+    state, base = cloud
+    state.reply("/api/v1/instances", lambda_body(("a", "active", 110)))
+    monkeypatch.setenv("LAMBDA_API_KEY", KEY)
+    out = tmp_path / "budget.json"
+    start = datetime.now(timezone.utc) - timedelta(hours=2)
+    assert bs_cli.main(["--provider", "lambda", "--provider-base-url", base, "--out", str(out), "--once",
+                        "--nodes", "2", "--started-utc", utc(start)]) == 0
+    b = json.loads(out.read_text())
+    assert b["rate_usd_per_hr"] == pytest.approx(2.20) and b["fixed_usd"] == {"disk_usd": 4.0, "egress_usd": 1.0}
+    assert b["spent_usd"] == pytest.approx(2 * 1.10 * 2 + 4 + 1, abs=0.02)
+    assert b["resource_id"] == "a x2 nodes"
+    assert bs_cli.main(["--provider", "clock", "--rate-usd-per-hr", "1", "--nodes", "0", "--out", str(out),
+                        "--once"]) == 2   # usage

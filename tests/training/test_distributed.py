@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from x1_pretrain.core import names as N
@@ -53,14 +54,21 @@ def test_chunks_are_shared_out_over_ranks():
     assert sorted(c for r in range(4) for c in World(r, r, 4).chunks(8)) == list(range(8))   # any rank count
 
 
-def test_two_ranks_match_one_process_and_resume_exactly(demo_data, tmp_path):
+@pytest.fixture(scope="module")
+def single_run(demo_data, tmp_path_factory) -> Path:
+    """The reference: one process, 8 steps of the tiny config, a checkpoint every 4 (read, never changed)."""
+    one = tmp_path_factory.mktemp("single") / "one"
+    r = subprocess.run(train_cmd(demo_data, one, 8, ckpt_every=4), capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-2000:]
+    return one
+
+
+def test_two_ranks_match_one_process_and_resume_exactly(demo_data, single_run, tmp_path):
     """One process (micro-batch 8, 2 micro-steps) against 2 ranks with micro-batch 4: each rank accumulates 2
     micro-steps, the first inside DDP's no_sync (no all-reduce until the last). Same global batch, same
     sequences: the same losses and weights to float rounding; then a stop and a resume on 2 ranks, bitwise."""
     steps, micro = 8, ("--set", "train.micro_batch_size=4")
-    one = tmp_path / "one"
-    r = subprocess.run(train_cmd(demo_data, one, steps, ckpt_every=4), capture_output=True, text=True, cwd=REPO)
-    assert r.returncode == 0, r.stdout[-2000:]
+    one = single_run
     two = tmp_path / "two"
     r = subprocess.run(ddp_cmd(demo_data, two, steps, *micro, ckpt_every=4), capture_output=True, text=True,
                        cwd=REPO)
@@ -99,14 +107,12 @@ def _lost_after(src: Path, dest: Path, step: int) -> Path:
     return seed_store(dest)
 
 
-def test_a_checkpoint_resumes_on_another_rank_count_with_the_same_batches(demo_data, tmp_path):
+def test_a_checkpoint_resumes_on_another_rank_count_with_the_same_batches(demo_data, single_run, tmp_path):
     """Written by 2 ranks, resumed by 1 process; written by 1 process (micro-batch 8), resumed by 4 ranks
     (micro-batch 4): the same sequences at every step, so the losses and the final weights equal those of an
     uninterrupted single process to float rounding (the issue's bound: 1e-4 on a weight)."""
     steps, micro = 8, ("--set", "train.micro_batch_size=4")
-    one = tmp_path / "one"
-    r = subprocess.run(train_cmd(demo_data, one, steps, ckpt_every=4), capture_output=True, text=True, cwd=REPO)
-    assert r.returncode == 0, r.stdout[-2000:]
+    one = single_run
     two8 = tmp_path / "two8"
     r = subprocess.run(ddp_cmd(demo_data, two8, steps, *micro, ckpt_every=4), capture_output=True, text=True,
                        cwd=REPO)
@@ -196,3 +202,119 @@ def test_two_ranks_under_torch_compile_match_one_eager_process(demo_data, tmp_pa
     assert set(l1) == set(l2) == set(range(1, steps + 1))
     for s in l1:
         assert abs(l1[s] - l2[s]) <= 1e-4 * abs(l1[s]), (s, l1[s], l2[s])
+
+
+def node_cmd(data: Path, ckpt: Path, steps: int, addr: str, port: int, *extra: str, **kw) -> list[str]:
+    """One of two torchrun "nodes" on this machine: c10d rendezvous at 127.0.0.1:``port``; torchrun orders the
+    nodes by address, so the one at 127.0.0.1 holds rank 0 and the one at 127.0.0.2 rank 1."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=x1-two-nodes",
+            f"--local-addr={addr}", *train_cmd(data, ckpt, steps, *extra, **kw)[1:]]
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (torchrun starts its trainers in sessions of their own)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def listening(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_two_nodes_survive_a_lost_node_and_a_new_one_with_an_empty_disk(demo_data, single_run, tmp_path):
+    """Two c10d nodes, each with a disk of its own. Node 1 is killed (SIGKILL to its torchrun and trainer) after
+    the step-4 checkpoint: node 0 exits non-zero at once, not after a timeout, and its exit status says a rank
+    was lost. A new node 1 with an empty disk joins the resume: it receives step 4 from rank 0, and the run ends
+    with the losses and weights of one uninterrupted process. Rank 0 alone wrote checkpoints and MLflow."""
+    from ..s3server import free_port
+
+    steps = 8
+    one = single_run
+    disk0, disk1, new_disk1 = tmp_path / "node0", tmp_path / "node1", tmp_path / "node1-new"
+    port = free_port()
+    sync = ("--set", "checkpoint.async_save=false")
+    # node 0 first: its torchrun hosts the rendezvous store, as the head node of a cluster does
+    node0 = start(node_cmd(demo_data, disk0, steps, "127.0.0.1", port, *sync, ckpt_every=4), tmp_path / "node0.log")
+    wait_for(lambda: listening(port), proc=node0, timeout=120)
+    with open(tmp_path / "node1.log", "w") as out:
+        node1 = subprocess.Popen(node_cmd(demo_data, disk1, steps, "127.0.0.2", port, *sync, ckpt_every=4,
+                                          seed=False), cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: progress_step(disk0) >= 5, proc=node0, timeout=300)
+        for pid in [node1.pid, *children(node1.pid)]:   # the machine is gone: torchrun and its trainer
+            os.kill(pid, signal.SIGKILL)
+        import time
+
+        killed_at = time.monotonic()
+        node0.wait(timeout=120)
+        took = time.monotonic() - killed_at
+    finally:
+        for p in (node0, node1):
+            if p.poll() is None:
+                p.kill()
+    log0 = (tmp_path / "node0.log").read_text()
+    print(f"node 0 exited {node0.returncode} {took:.1f} s after node 1 was killed")
+    assert node0.returncode != 0 and took < 60, log0[-3000:]
+    status = json.loads((disk0 / "exit_status.json").read_text())
+    assert status["exit_code"] == 1 and "another rank stopped answering" in status["reason"], status
+    assert ck.read_latest(disk0) is not None and ck.list_step_dirs(disk1) == []
+
+    port = free_port()
+    resume = ("--resume-from-latest",)
+    node0 = start(node_cmd(demo_data, disk0, steps, "127.0.0.1", port, *resume, ckpt_every=4, seed=False),
+                  tmp_path / "node0-again.log")
+    wait_for(lambda: listening(port), proc=node0, timeout=120)
+    r = subprocess.run(node_cmd(demo_data, new_disk1, steps, "127.0.0.2", port, *resume, ckpt_every=4, seed=False),
+                       capture_output=True, text=True, cwd=REPO, timeout=600)
+    out0 = (tmp_path / "node0-again.log").read_text()
+    assert node0.wait(timeout=120) == 0, out0[-3000:]
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert f"rank 0 sends {ck.read_latest(disk0) and 'step_0000004'} to rank(s) 1" in out0, out0[-3000:]
+    assert ck.list_step_dirs(new_disk1) == [] and not list(new_disk1.glob(".step_*"))   # received, read, deleted
+    assert not (new_disk1 / "mlflow.db").exists() and not (disk1 / "mlflow.db").exists()
+    ref_loss, ref_w = losses(one), safetensors_io.load(one / "final.safetensors")
+    got = losses(disk0)
+    assert set(got) == set(range(1, steps + 1))
+    for s in got:
+        assert abs(got[s] - ref_loss[s]) <= 1e-5 * abs(ref_loss[s]), (s, got[s], ref_loss[s])
+    w = safetensors_io.load(disk0 / "final.safetensors")
+    worst = max(float((w[k] - ref_w[k]).abs().max()) for k in ref_w)
+    print(f"two nodes, node 1 replaced after step 4: max |weight difference| against one process: {worst:.2e}")
+    assert worst <= 1e-4
+
+
+def test_a_rendezvous_that_cannot_form_is_a_clear_error_within_its_timeout(demo_data, tmp_path):
+    """Node 0 of two, and the other never comes (a wrong endpoint or a closed port on its side): torchrun waits
+    its join_timeout (5 s here, 600 s by default) and fails with a traceback; the watchdog says what happened,
+    relaunches once, and ends on the second failure in a row (a crash loop) instead of waiting forever."""
+    import time
+
+    from ..s3server import free_port
+
+    port = free_port()
+    node = node_cmd(demo_data, tmp_path / "c", 4, "127.0.0.1", port, seed=False)
+    at = node.index("--local-addr=127.0.0.1") + 1
+    node[at:at] = ["--rdzv-conf=join_timeout=5"]
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--max-restarts", "5",
+                        "--", *node], capture_output=True, text=True, cwd=REPO, timeout=300)
+    took = time.monotonic() - t0
+    print(f"the watchdog ended {took:.0f} s after the start (two waits of 5 s)")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stderr.count(f"torchrun's rendezvous of 2 nodes at 127.0.0.1:{port} did not form") == 2, r.stderr[-3000:]
+    assert "a crash loop; not relaunching" in r.stderr
+    assert took < 2 * (5 + 60)

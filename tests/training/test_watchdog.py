@@ -363,3 +363,24 @@ def test_the_watchdog_ends_the_bill_only_when_the_run_is_over(tmp_path, monkeypa
     finally:
         api.close()
     assert W_cli.main(["--terminate-on-exit", "lambda", "--", "x"]) == 2   # --export-to is required
+
+
+def test_a_node_without_rank_0_is_not_taken_for_a_crash_loop(tmp_path):
+    """On another machine of a multi-node job the steps are on rank 0's disk: its watchdog sees each start's
+    trainer record an exit (as rank 1) but no progress, and must relaunch instead of calling it a crash loop
+    (rank 0's node's watchdog judges that). A start that records nothing twice is still one."""
+    script = tmp_path / "node1.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys
+        os.environ["RANK"] = "1"
+        from x1_pretrain.training.checkpoint import write_exit_status
+        state = {str(tmp_path / 'calls.jsonl')!r}
+        n = sum(1 for _ in open(state)) if os.path.exists(state) else 0
+        with open(state, "a") as f:
+            f.write("{{}}\\n")
+        code = [1, 1, 1, 0][n]
+        write_exit_status(None, code, "rank 0's exit code" if code == 0 else "another rank stopped answering")
+        sys.exit(code)
+    """))
+    assert run_watchdog([sys.executable, str(script), "--ckpt-dir", str(tmp_path / "ckpt")]) == 0
+    assert len(calls(tmp_path)) == 4

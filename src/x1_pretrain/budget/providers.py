@@ -212,3 +212,22 @@ class ClockSource:
 
     def read(self) -> BillingReading:
         return BillingReading(self.rate_usd_per_hr, None, "clock")
+
+
+@dataclass(frozen=True)
+class NodesSource:
+    """The bill of ``nodes`` identical machines launched together (a multi-node job), from one machine's
+    reading: the rate times the node count, so the cap guards the sum. The account balance is the account's,
+    left as read."""
+
+    inner: Any
+    nodes: int
+
+    @property
+    def provider(self) -> str:
+        return str(self.inner.provider)
+
+    def read(self) -> BillingReading:
+        r = self.inner.read()
+        return BillingReading(r.rate_usd_per_hr * self.nodes, r.uptime_s, f"{r.resource_id} x{self.nodes} nodes",
+                              r.balance_usd)

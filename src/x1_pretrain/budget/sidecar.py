@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from ..core.errors import EXIT_OK, X1Error
 from ..core.fileio import write_text_atomic
-from .providers import ApiSource, BillingReading, ClockSource, PollError, SelectionError
+from .providers import ApiSource, BillingReading, ClockSource, NodesSource, PollError, SelectionError
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 CROSS_CHECK_USD = 0.50      # the balance and the integrated total may differ this much (or 10 %) silently
@@ -210,7 +210,7 @@ class Sidecar:
     """Polls a source; after every good poll adds to the total and rewrites budget.json; after a bad one leaves
     both alone (the guard sees the reading's age and ages it)."""
 
-    source: ApiSource | ClockSource
+    source: ApiSource | ClockSource | NodesSource
     out: Path
     ask: BudgetAsk
     state: State = field(default_factory=State)

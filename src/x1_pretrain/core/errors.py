@@ -74,6 +74,14 @@ class TokenizerNotFound(X1Error):
     """No usable gpt2.tiktoken file could be found or fetched."""
 
 
+class RankLost(X1Error):
+    """Another rank of a multi-process run is gone (its process died; its machine was lost, preempted or stopped):
+    a collective failed or timed out. Not the user's mistake, but said in one line like one, with exit 1, which
+    the watchdog relaunches (torchrun's rendezvous then waits for every node again)."""
+
+    exit_code = EXIT_UNEXPECTED
+
+
 class CheckpointFailed(Exception):
     """The checkpoint the run must end with (the final one, or the one a stop asks for) was not written.
 

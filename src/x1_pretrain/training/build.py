@@ -9,6 +9,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ from .distributed import World
 from .loop import LoopState, Run, StopFlag
 from .optim import build_optimizer
 from .options import TrainOptions, eval_cost
-from .resume import Resume, find_resume, restore
+from .resume import RankStart, Resume, agree_on_checkpoint, find_resume, restore
 from .schedule import Horizon, planned
 from .spike import (
     SpikeDetector,
@@ -354,7 +355,8 @@ def _fit_context(ctx: Context, resume: Resume) -> FitContext | None:
     if not b.fit:
         return None
     fpt = flops.flops_per_token(cfg.model).honest
-    step_s = expected_step_s(b.expected_step_s, cfg.tokens_per_step(), fpt, ctx.peak_tflops, b.assumed_mfu)
+    peak = ctx.peak_tflops * ctx.world.size if ctx.peak_tflops else None   # a step is made by every rank's GPU
+    step_s = expected_step_s(b.expected_step_s, cfg.tokens_per_step(), fpt, peak, b.assumed_mfu)
     first_start = ctx.started_unix - float(resume.state.get("wall_clock_s", 0.0))
     return FitContext(total_steps=cfg.train.total_steps, optim=cfg.optim, expected_step_s=step_s,
                       max_hours=b.max_hours, first_start_estimate_unix=first_start)
@@ -412,13 +414,28 @@ def _compile_fallback_report(ctx: Context, tracker: Any, alert: Any) -> Any:
     return report
 
 
+def _resume(ctx: Context, data: TokenData) -> Resume:
+    """Where this run starts; with several ranks, where all of them start (``resume.agree_on_checkpoint``)."""
+    find = partial(find_resume, ctx.ckpt_dir, ctx.opts.resume, ctx.opts.allow_config_change, ctx.cfg, data, ctx.log,
+                   ctx.world.size)
+    if ctx.world.size == 1:
+        return find()
+    resume, problem = Resume(), None   # only rank 0 refuses a fresh start over old checkpoints
+    try:
+        if ctx.world.main or ctx.opts.resume:
+            resume = find()
+    except X1Error as e:   # every rank learns it and exits 2 with it (none is left waiting)
+        problem = str(e)
+    start = RankStart(resume, problem, (ctx.cfg.sha256(), data.identity))
+    return agree_on_checkpoint(start, ctx.ckpt_dir, ctx.world, ctx.device, ctx.log)
+
+
 def build_run(ctx: Context) -> Built:
     """Build everything the loop needs, in the order the log tells it."""
     cfg, log = ctx.cfg, ctx.log
     data, uri, artifact_location = _open_store(ctx)
     task_eval = _task_eval(ctx)
-    resume = find_resume(ctx.ckpt_dir, ctx.opts.resume, ctx.opts.allow_config_change, cfg, data, log,
-                         ctx.world.size)
+    resume = _resume(ctx, data)
     model, forward, optimizer, state = _model(ctx, resume)
     ddp = forward if ctx.world.size > 1 else None
     fallback: CompileFallback | None = None

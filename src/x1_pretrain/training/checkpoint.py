@@ -247,19 +247,21 @@ EXIT_STATUS = "exit_status.json"
 EXIT_STATUS_ENV = "X1_EXIT_STATUS"  # a file the watchdog owns and reads after each child
 
 
-def write_exit_status(ckpt_dir: Path, code: int, reason: str) -> None:
+def write_exit_status(ckpt_dir: Path | None, code: int, reason: str) -> None:
     """Rank 0's exit code, for the watchdog: torchrun reports any failing worker as 1, which would hide a
     budget stop (3, 4), a divergence (5) or a usage error (2) behind a relaunchable code. Written into an
-    existing checkpoint dir (a typo in the flags must not create directories) and to ``$X1_EXIT_STATUS``."""
-    blob = json.dumps({"exit_code": code, "reason": reason, "pid": os.getpid(), "time_unix": time.time()})
-    targets = [ckpt_dir / EXIT_STATUS] if ckpt_dir.is_dir() else []
+    existing checkpoint dir (a typo in the flags must not create directories; None: another node's first
+    process, which writes only for its own watchdog) and to ``$X1_EXIT_STATUS``."""
+    blob = json.dumps({"exit_code": code, "reason": reason, "pid": os.getpid(), "time_unix": time.time(),
+                       "rank": int(os.environ.get("RANK", "0") or 0)})
+    targets = [ckpt_dir / EXIT_STATUS] if ckpt_dir is not None and ckpt_dir.is_dir() else []
     if os.environ.get(EXIT_STATUS_ENV):
         targets.append(Path(os.environ[EXIT_STATUS_ENV]))
     for target in targets:
         write_text_atomic(target, blob)
 
 
-def record_exit_status(ckpt_dir: Path, code: int, reason: str) -> None:
+def record_exit_status(ckpt_dir: Path | None, code: int, reason: str) -> None:
     """``write_exit_status`` for exit paths: a failure to record is a warning, never a second error."""
     try:
         write_exit_status(ckpt_dir, code, reason)

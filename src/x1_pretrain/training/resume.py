@@ -4,14 +4,18 @@ run is this one (same config and data, unless ``--allow-config-change``)."""
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core import config as C
-from ..core.errors import X1Error
+from ..core.errors import RankLost, X1Error
+from ..core.fileio import replace_dir, write_text_atomic
 from . import checkpoint as ck
+from . import distributed
 from .loop import LoopState
 
 Log = Callable[[str], None]
@@ -48,6 +52,67 @@ def find_resume(ckpt_dir: Path, resume: bool, allow_change: bool, cfg: C.Config,
             f"{t.grad_accum_steps // world_size} a rank) and the same sequences at every step; the weights follow "
             "an uninterrupted run to float rounding (bitwise only on the rank count and micro-batch that wrote it)")
     return Resume(found, changes)
+
+
+@dataclass(frozen=True)
+class RankStart:
+    """What one rank found before the ranks agree: its resume (or the usage error it met) and what its run is
+    (the config's sha256 and the data's identity), so a node with other data or flags is refused, not averaged."""
+
+    resume: Resume
+    problem: str | None
+    fingerprint: Any
+
+
+def agree_on_checkpoint(mine: RankStart, ckpt_dir: Path, world: distributed.World, device: Any, log: Log) -> Resume:
+    """Several ranks, perhaps on machines with disks of their own: every rank resumes the newest checkpoint any
+    rank found, or all start fresh; a usage error on one rank, or a rank with another config or data, is the
+    same exit 2 on every rank (never one rank gone and the others waiting). A rank whose disk lacks the
+    checkpoint (another node; a new machine in place of a lost one) receives its files from the lowest rank
+    that has it, over the process group, into a hidden folder, verified against their sha256 like a local
+    checkpoint; rank 0 keeps its copy as a checkpoint of its own."""
+    def identity(found: ck.Found | None) -> tuple[str, str] | None:
+        return None if found is None else (found.path.name, (found.path / ck.DONE_FILE).read_text().strip())
+
+    resume = mine.resume
+    everyone = distributed.gather_all((identity(resume.found), mine.problem, mine.fingerprint), world)
+    for rank, (_, problem, _) in enumerate(everyone):
+        if problem is not None:
+            raise X1Error(problem if rank == world.rank else f"rank {rank}: {problem}")
+    differ = [r for r, x in enumerate(everyone) if x[2] != everyone[0][2]]
+    if differ:
+        raise X1Error(f"rank(s) {', '.join(map(str, differ))} run another config or other data than rank 0 (the "
+                      "config's sha256 or the data's meta.json differ): every node needs the same files and flags")
+    found = [x[0] for x in everyone]
+    best = max((x for x in found if x is not None), key=lambda x: x[0], default=None)   # names sort by step
+    if best is None:
+        return Resume()
+    sender = found.index(best)
+    lacking = [r for r, x in enumerate(found) if x != best]
+    if not lacking:
+        return resume
+    if world.main:
+        log(f"rank {sender} sends {best[0]} to rank(s) {', '.join(map(str, lacking))}, whose disk lacks it (another "
+            "machine, or a new one in place of a lost one)")
+    dest = ckpt_dir / f".{best[0]}.pull-{os.getpid()}" if world.rank in lacking else None
+    if dest is not None:
+        shutil.rmtree(dest, ignore_errors=True)
+    distributed.send_files(resume.found.path if world.rank == sender and resume.found else None, dest, world,
+                           device, sender)
+    state, problem = ck.verify(dest) if dest is not None else (resume.state, None)
+    damaged = [r for r, bad in enumerate(distributed.gather_all(problem, world)) if bad]
+    if damaged:
+        if dest is not None:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise RankLost(f"{best[0]} reached rank(s) {', '.join(map(str, damaged))} damaged "
+                       f"({problem or 'see their log'}); the next launch sends it again")
+    if dest is None or state is None:
+        return resume
+    if world.main:   # rank 0 writes the run's checkpoints: the one it resumes from becomes one of them
+        replace_dir(dest, ckpt_dir / best[0])
+        write_text_atomic(ckpt_dir / ck.LATEST, best[0] + "\n")
+        dest = ckpt_dir / best[0]
+    return Resume(ck.Found(dest, int(best[0].split("_")[1]), state), resume.changes)
 
 
 def check_compatible(found: ck.Found, cfg: C.Config, data: Any, allow: bool, log: Log) -> list[str]:
@@ -102,6 +167,8 @@ def restore(found: ck.Found, model: Any, optimizer: Any, device: Any) -> LoopSta
                       "optim.decay_embedding or the model changed since the checkpoint") from None
     _check_optimizer_shapes(optimizer, found.path)
     ck.restore_rng(found.state["rng"])
+    if found.path.name.startswith("."):   # a checkpoint sent to this rank: read, no longer needed
+        shutil.rmtree(found.path, ignore_errors=True)
     s = found.state
     return LoopState(step=s["step"], tokens_seen=s["tokens_seen"], train_time_s=s["train_time_s"],
                      last_loss=s.get("last_loss", math.nan), last_val_loss=s.get("last_val_loss", math.nan))

@@ -32,6 +32,7 @@ from ..core.errors import (
     EXIT_INTERRUPTED,
     EXIT_UNEXPECTED,
     CheckpointFailed,
+    RankLost,
     X1Error,
 )
 from ..core.names import EXPERIMENT
@@ -177,20 +178,48 @@ def train(opts: TrainOptions) -> int:
     if not opts.stop_grace_s > 0:
         raise X1Error(f"--stop-grace-s {opts.stop_grace_s} must be positive (seconds from SIGTERM to exit)")
     remote = open_remote(opts, cfg, world, log)   # before the gate: the ledger it reads may come from the remote
+    distributed.init(world, device.type)
     if setup is not None:
-        stop = _launch_gate(opts, cfg, setup, peak, log)
+        stop = _gate_on_rank0(opts, cfg, setup, peak, _Where(world, device, started_unix), log)
         if stop is not None:
-            if stop[0] == EXIT_BUDGET_CHECKPOINT and world.main and not opts.dry_run_budget and opts.resume:
-                end_at_last_checkpoint(opts.ckpt_dir, opts.mlflow_uri, stop[1], log, opts.experiment)
             return stop[0]
     lock = RunLock(opts.ckpt_dir, log) if world.main else None
     if lock is not None:
         lock.acquire()  # before anything is written: a second trainer on this dir exits 2 naming the holder
     try:
         return _train_locked(opts, cfg, _Where(world, device, started_unix, remote), log, setup)
+    except Exception as e:
+        if world.size > 1 and not isinstance(e, X1Error) and distributed.peer_lost(e):
+            traceback.print_exc()
+            raise RankLost(rank_lost_message(e, None)) from None
+        raise
     finally:
         if lock is not None:
             lock.release()
+
+
+def _gate_on_rank0(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: float | None, where: _Where,
+                   log: Log) -> tuple[int, str] | None:
+    """The launch gate, read by rank 0 alone (the other machines of a multi-node job have no budget.json), its
+    verdict agreed by every rank. The planned step time is over every rank's GPU."""
+    world = where.world
+    stop = _launch_gate(opts, cfg, setup, peak * world.size if peak else None, log) if world.main else None
+    if stop is not None and stop[0] == EXIT_BUDGET_CHECKPOINT and not opts.dry_run_budget and opts.resume:
+        end_at_last_checkpoint(opts.ckpt_dir, opts.mlflow_uri, stop[1], log, opts.experiment)  # before any rank leaves
+    if world.size > 1:
+        code, stopped = distributed.agree_max([stop[0] if stop else 0, int(stop is not None)], world, where.device)
+        if stopped:
+            stop = stop or (code, "rank 0's launch gate stopped the run")
+            _node_status(world, stop[0], stop[1])
+            distributed.shutdown(world)
+    return stop
+
+
+def _node_status(world: Any, code: int, reason: str) -> None:
+    """Another node's first process records rank 0's code for its node's watchdog now, before any rank leaves:
+    torchrun ends a node's other workers once one has exited, and a code recorded late could be lost."""
+    if world.size > 1 and world.local_rank == 0 and not world.main:
+        ck.record_exit_status(None, code, reason)
 
 
 @dataclass(frozen=True)
@@ -297,6 +326,8 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
 
             if world.main:
                 ck.write_exit_status(opts.ckpt_dir, code, "see the log")
+            code = int(distributed.from_rank0(code, world))   # every node's watchdog acts on the run's outcome
+            _node_status(world, code, "rank 0's exit code")
             torch.distributed.barrier()
         return code
     finally:
@@ -401,11 +432,24 @@ def run_training(ctx: Context, cap_set: bool) -> int:
         return _checkpoint_failed(ctx, built, e)
     except (X1Error, KeyboardInterrupt):
         raise
-    except Exception:
+    except Exception as e:
+        if ctx.world.size > 1 and distributed.peer_lost(e):
+            traceback.print_exc()   # the backend's own words (NCCL's "Last error" lines) stay in the log
+            built.tracker.set_tags({N.TAG_END_REASON: rank_lost_message(e, built.state.step)[:4000],
+                                    N.TAG_EXIT_CODE: EXIT_UNEXPECTED})
+            raise RankLost(rank_lost_message(e, built.state.step)) from None
         traceback.print_exc()
         return EXIT_UNEXPECTED
     finally:
         _close(ctx, built, status)
+
+
+def rank_lost_message(e: BaseException, step: int | None) -> str:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    return (f"another rank stopped answering{f' at step {step}' if step is not None else ''} ({first}): its "
+            "process died, or its machine was lost, preempted or stopped. Exit 1: the watchdog of each node "
+            "relaunches, torchrun waits for every node to join again and the run resumes from the newest "
+            "checkpoint any node holds")
 
 
 def _checkpoint_failed(ctx: Context, built: Built, e: CheckpointFailed) -> int:

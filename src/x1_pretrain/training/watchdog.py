@@ -112,8 +112,14 @@ class _Exit:
     code: int
     step: int | None
     checkpoint_step: int | None
+    elsewhere: bool = False   # trained on a node without rank 0: its progress is on another machine
 
     def same_place(self, other: _Exit) -> bool:
+        """Two starts ended where they began. Not knowable for a node whose trainers ran but whose progress lives
+        on rank 0's machine: that node's crash loops are rank 0's node's to see (its watchdog then ends, and
+        this node's next rendezvous cannot form)."""
+        if self.elsewhere or other.elsewhere:
+            return False
         return (self.step, self.checkpoint_step) == (other.step, other.checkpoint_step)
 
 
@@ -205,6 +211,27 @@ class Watchdog:
         self.log(f"the command exited with {code}; the trainer (rank 0) recorded exit {status['exit_code']} "
                  f"({describe_exit(status['exit_code'])}): acting on that")
         return int(status["exit_code"])
+
+    def _no_rendezvous(self, code: int, started_at: float) -> None:
+        """Say it when a multi-node torchrun ended before any trainer of this node recorded an exit: its
+        rendezvous did not form (torchrun's own message is a traceback). Each start waits torchrun's
+        join_timeout; the second such start in a row is a crash loop, which ends the watchdog."""
+        nodes = flag_of(self.cmd, "--nnodes")
+        torchrun = any(a.endswith("torchrun") or a == "torch.distributed.run" for a in self.cmd[:3])
+        if code == 0 or not torchrun or nodes in (None, "1", "1:1"):
+            return
+        status = read_exit_status(self.status_file)
+        if status is not None and float(status.get("time_unix", 0)) >= started_at - 1:
+            return
+        endpoint = flag_of(self.cmd, "--rdzv-endpoint") or flag_of(self.cmd, "--rdzv_endpoint") or \
+            f"{flag_of(self.cmd, '--master-addr') or flag_of(self.cmd, '--master_addr')}:" \
+            f"{flag_of(self.cmd, '--master-port') or flag_of(self.cmd, '--master_port') or 29500}"
+        self.log(f"no trainer of this node recorded an exit: most likely torchrun's rendezvous of {nodes} nodes at "
+                 f"{endpoint} did not form within its timeout (--rdzv-conf join_timeout=S for c10d, timeout=S "
+                 "for a static --node-rank; 600 s by default). Every node must run the same command and reach that "
+                 "port on the head node; a node whose watchdog has ended will not come back. Else the trainer was "
+                 "killed before it could record (the OOM killer, an NCCL abort): torchrun's own error above says "
+                 "which", event="no_rendezvous", exit_code=code, endpoint=endpoint)
 
     # -- the budget's second line --
     def _over_the_cap(self, decision: Decision) -> None:
@@ -319,6 +346,7 @@ class Watchdog:
                 pending = None
             code = self._trainer_code(child.wait(), started_at)
             exited_at = time.time()
+            self._no_rendezvous(code, started_at)
             final = self._final(code)
             if final is not None:
                 return final
@@ -391,7 +419,9 @@ class Watchdog:
         ckpt_step = int(latest.split("_")[1]) if latest and latest.startswith("step_") else None
         step = progress.get("step") if isinstance(progress.get("step"), int) else None
         mine = float(progress.get("started_unix") or progress.get("time_unix") or 0) >= started_at - 1
-        return _Exit(code, step if mine else None, ckpt_step)
+        status = read_exit_status(self.status_file) or {}
+        elsewhere = not mine and float(status.get("time_unix", 0)) >= started_at - 1 and bool(status.get("rank"))
+        return _Exit(code, step if mine else None, ckpt_step, elsewhere)
 
     def _record_restart(self, code: int, now: _Exit, failures: int) -> Restart:
         backoff = min(self.opts.backoff_s * (2 ** max(failures - 1, 0)), self.opts.max_backoff_s)
