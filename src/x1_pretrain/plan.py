@@ -70,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
             raise X1Error(f"{args.config} has no budget.cap_usd: pass --budget-cap-usd (the lab's: 35)")
         if b.max_hours is None:
             raise X1Error(f"{args.config} has no budget.max_hours: pass --budget-max-hours (the lab's: 24)")
+        if args.nodes < 1:
+            raise X1Error(f"--nodes must be at least 1, got {args.nodes}")
         ask = Ask(hours=args.hours, steps=args.total_steps, mfu=b.assumed_mfu, tokens_per_s=args.tokens_per_s,
                   n_gpus=args.num_gpus * args.nodes, cap_usd=b.cap_usd, max_hours=b.max_hours,
                   setup_hours=args.setup_hours, peak_tflops=args.peak_tflops,
                   lines=Lines(egress_usd=args.egress_usd, disk_usd=args.disk_usd * args.nodes,
                               buffer_usd=b.buffer_usd),
                   reserve_min=b.reserve_min, evals=eval_cost(cfg))
-        if args.nodes < 1:
-            raise X1Error(f"--nodes must be at least 1, got {args.nodes}")
         if args.nodes > 1:
             print(f"{args.nodes} nodes x {args.num_gpus} GPU(s): ${args.rate_usd_per_hr * args.nodes:.2f}/h and "
                   f"${args.disk_usd * args.nodes:.2f} of disk for all of them (run budget_sidecar --nodes "

@@ -20,7 +20,7 @@ from x1_pretrain.training.device import effective_compile_scope
 from x1_pretrain.training.distributed import World
 
 from ..conftest import REPO, seed_store
-from ..procs import losses, progress_step, run_info, start, train_cmd, wait_for
+from ..procs import children, listening, losses, progress_step, run_info, start, train_cmd, wait_for
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
@@ -210,29 +210,6 @@ def node_cmd(data: Path, ckpt: Path, steps: int, addr: str, port: int, *extra: s
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=x1-two-nodes",
             f"--local-addr={addr}", *train_cmd(data, ckpt, steps, *extra, **kw)[1:]]
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (torchrun starts its trainers in sessions of their own)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def listening(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_two_nodes_survive_a_lost_node_and_a_new_one_with_an_empty_disk(demo_data, single_run, tmp_path):

@@ -3,7 +3,6 @@ readable, keep_last remotely, a store that is down, and a mirror SIGKILLed at ra
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import signal
@@ -19,6 +18,7 @@ from x1_pretrain.training import checkpoint as ck
 from x1_pretrain.training.mirror import STAGING, Mirror
 
 from ..conftest import REPO
+from ..procs import children
 from ..s3server import Proxy
 from ..servers import wait_until
 
@@ -150,7 +150,7 @@ def test_the_remote_latest_is_complete_whenever_the_mirror_is_killed(s3, s3env, 
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             reached = wait_until(lambda s=start, c=cut, p=child: proxy.bytes_up - s >= c or p.poll() is not None,
                                  timeout=120)
-            workers = _children(child.pid)
+            workers = children(child.pid)
             assert child.poll() is None, f"attempt {attempt}: the uploads ended before the cut"
             child.send_signal(signal.SIGKILL)
             child.wait()
@@ -170,16 +170,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
-
-
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (any of its threads), from /proc/*/stat."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-    return found
 
 
 def test_large_files_go_up_from_a_child_process_that_survives_group_signals_and_is_restarted(s3env, tmp_path):

@@ -71,7 +71,7 @@ def mean_over_ranks(value: torch.Tensor, world: World) -> torch.Tensor:
     return value / world.size
 
 
-def from_rank0(value: Any, world: World, src: int = 0) -> Any:
+def from_rank(value: Any, world: World, src: int = 0) -> Any:
     """Rank ``src``'s ``value`` (a small picklable object) on every rank."""
     if world.size <= 1:
         return value
@@ -96,7 +96,7 @@ def send_files(src: Path | None, dest: Path | None, world: World, device: Any, s
     """Rank ``sender``'s files in its folder ``src`` written into ``dest`` on every rank that gives one (a rank
     with ``dest`` None takes part and keeps nothing). Collective: every rank calls it."""
     sending = world.rank == sender and src is not None
-    listing = from_rank0(sorted((p.name, p.stat().st_size) for p in src.iterdir() if p.is_file())
+    listing = from_rank(sorted((p.name, p.stat().st_size) for p in src.iterdir() if p.is_file())
                          if sending and src is not None else None, world, sender)
     if dest is not None:
         dest.mkdir(parents=True, exist_ok=True)

@@ -190,8 +190,7 @@ def train(opts: TrainOptions) -> int:
         return _train_locked(opts, cfg, _Where(world, device, started_unix, remote), log, setup)
     except Exception as e:
         if world.size > 1 and not isinstance(e, X1Error) and distributed.peer_lost(e):
-            traceback.print_exc()
-            raise RankLost(rank_lost_message(e, None)) from None
+            raise rank_lost(e, None) from None
         raise
     finally:
         if lock is not None:
@@ -326,7 +325,7 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
 
             if world.main:
                 ck.write_exit_status(opts.ckpt_dir, code, "see the log")
-            code = int(distributed.from_rank0(code, world))   # every node's watchdog acts on the run's outcome
+            code = int(distributed.from_rank(code, world))   # every node's watchdog acts on the run's outcome
             _node_status(world, code, "rank 0's exit code")
             torch.distributed.barrier()
         return code
@@ -434,19 +433,21 @@ def run_training(ctx: Context, cap_set: bool) -> int:
         raise
     except Exception as e:
         if ctx.world.size > 1 and distributed.peer_lost(e):
-            traceback.print_exc()   # the backend's own words (NCCL's "Last error" lines) stay in the log
-            built.tracker.set_tags({N.TAG_END_REASON: rank_lost_message(e, built.state.step)[:4000],
-                                    N.TAG_EXIT_CODE: EXIT_UNEXPECTED})
-            raise RankLost(rank_lost_message(e, built.state.step)) from None
+            lost = rank_lost(e, built.state.step)
+            built.tracker.set_tags({N.TAG_END_REASON: str(lost)[:4000], N.TAG_EXIT_CODE: EXIT_UNEXPECTED})
+            raise lost from None
         traceback.print_exc()
         return EXIT_UNEXPECTED
     finally:
         _close(ctx, built, status)
 
 
-def rank_lost_message(e: BaseException, step: int | None) -> str:
+def rank_lost(e: BaseException, step: int | None) -> RankLost:
+    """A collective that failed on a lost peer, as one line (exit 1); the backend's own words (NCCL's "Last
+    error" lines) go to the log as its traceback."""
+    traceback.print_exc()
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-    return (f"another rank stopped answering{f' at step {step}' if step is not None else ''} ({first}): its "
+    return RankLost(f"another rank stopped answering{f' at step {step}' if step is not None else ''} ({first}): its "
             "process died, or its machine was lost, preempted or stopped. Exit 1: the watchdog of each node "
             "relaunches, torchrun waits for every node to join again and the run resumes from the newest "
             "checkpoint any node holds")

@@ -212,16 +212,18 @@ class Watchdog:
                  f"({describe_exit(status['exit_code'])}): acting on that")
         return int(status["exit_code"])
 
-    def _no_rendezvous(self, code: int, started_at: float) -> None:
+    def _recorded_since(self, started_at: float) -> dict[str, Any] | None:
+        """The exit status a trainer of this start recorded in the file this watchdog owns, or None."""
+        status = read_exit_status(self.status_file)
+        return status if status is not None and float(status.get("time_unix", 0)) >= started_at - 1 else None
+
+    def _no_rendezvous(self, code: int, recorded: dict[str, Any] | None) -> None:
         """Say it when a multi-node torchrun ended before any trainer of this node recorded an exit: its
         rendezvous did not form (torchrun's own message is a traceback). Each start waits torchrun's
         join_timeout; the second such start in a row is a crash loop, which ends the watchdog."""
         nodes = flag_of(self.cmd, "--nnodes")
         torchrun = any(a.endswith("torchrun") or a == "torch.distributed.run" for a in self.cmd[:3])
-        if code == 0 or not torchrun or nodes in (None, "1", "1:1"):
-            return
-        status = read_exit_status(self.status_file)
-        if status is not None and float(status.get("time_unix", 0)) >= started_at - 1:
+        if code == 0 or not torchrun or nodes in (None, "1", "1:1") or recorded is not None:
             return
         endpoint = flag_of(self.cmd, "--rdzv-endpoint") or flag_of(self.cmd, "--rdzv_endpoint") or \
             f"{flag_of(self.cmd, '--master-addr') or flag_of(self.cmd, '--master_addr')}:" \
@@ -346,11 +348,12 @@ class Watchdog:
                 pending = None
             code = self._trainer_code(child.wait(), started_at)
             exited_at = time.time()
-            self._no_rendezvous(code, started_at)
+            recorded = self._recorded_since(started_at)
+            self._no_rendezvous(code, recorded)
             final = self._final(code)
             if final is not None:
                 return final
-            now = self._exit_now(code, started_at)
+            now = self._exit_now(code, started_at, recorded)
             if previous is not None and EXIT_INTERRUPTED not in (code, previous.code) and now.same_place(previous):
                 at = f"step {now.step}" if now.step is not None else "before its first logged step"
                 ckpt = f"step_{now.checkpoint_step:07d}" if now.checkpoint_step is not None else "none"
@@ -411,7 +414,7 @@ class Watchdog:
             return code if code >= 0 else 128 - code
         return None
 
-    def _exit_now(self, code: int, started_at: float) -> _Exit:
+    def _exit_now(self, code: int, started_at: float, recorded: dict[str, Any] | None) -> _Exit:
         """Where the start that began at ``started_at`` ended: its own progress (a progress file written by an
         earlier start says nothing about this one) and the newest complete checkpoint."""
         progress = read_progress(self.ckpt_dir) or {}
@@ -419,8 +422,7 @@ class Watchdog:
         ckpt_step = int(latest.split("_")[1]) if latest and latest.startswith("step_") else None
         step = progress.get("step") if isinstance(progress.get("step"), int) else None
         mine = float(progress.get("started_unix") or progress.get("time_unix") or 0) >= started_at - 1
-        status = read_exit_status(self.status_file) or {}
-        elsewhere = not mine and float(status.get("time_unix", 0)) >= started_at - 1 and bool(status.get("rank"))
+        elsewhere = not mine and recorded is not None and bool(recorded.get("rank"))
         return _Exit(code, step if mine else None, ckpt_step, elsewhere)
 
     def _record_restart(self, code: int, now: _Exit, failures: int) -> Restart:
