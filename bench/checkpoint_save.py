@@ -55,7 +55,7 @@ def main() -> int:
             (base / "raw.bin").unlink()
             shutil.rmtree(path)
             rows.append((pause, total, size, raw))
-        print(f"checkpoint of the lab model: {rows[0][2] / 1e9:.3f} GB (model.safetensors + optimizer.pt) on "
+        print(f"checkpoint of the lab model: {rows[0][2] / 1e9:.3f} GB (model.safetensors + optimizer.safetensors) on "
               f"{base.parent}")
         print("| run | training pause (snapshot) s | full save s | MB/s | raw write+fsync s | ratio save/raw |")
         print("|---|---|---|---|---|---|")

@@ -1,6 +1,7 @@
 """A real S3 server on 127.0.0.1 for the mirror's tests: moto's standalone server in its own process, with IAM
 authentication on (a wrong key is refused as by AWS), a bucket and a key that may use it; and a TCP proxy in
-front of it that can be paused, so an upload can be caught in the middle."""
+front of it that can be paused, so an upload can be caught in the middle, or kept refusing connections until the
+test lets the store come up."""
 
 from __future__ import annotations
 
@@ -88,9 +89,10 @@ class Proxy:
     """A TCP proxy on 127.0.0.1 to ``port``. ``pause()`` stops moving bytes (an upload hangs mid-way, as over a
     dead link); ``resume()`` moves them again; ``refusing`` closes new connections (a store that is down).
     ``hold_on``: pause when a request carries those bytes (a key), before it reaches the server. ``bytes_up``
-    counts what went to the server."""
+    counts what went to the server. ``listening=False``: the port is bound but refuses connections (ECONNREFUSED, as
+    a store whose server is not up yet) until ``listen()``."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, listening: bool = True) -> None:
         self.target = port
         self.flowing = threading.Event()
         self.flowing.set()
@@ -100,11 +102,19 @@ class Proxy:
         self.bytes_up = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._conns: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.listening = False
+        if listening:
+            self.listen()
+
+    def listen(self) -> None:
+        """Take connections from now on (the store comes up)."""
+        if not self.listening:
+            self.listening = True
+            self.sock.listen(64)
+            threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
         while True:

@@ -14,8 +14,8 @@ from .conftest import REPO
 
 PKG = REPO / "src" / "x1_pretrain"
 SUBPACKAGES = ("core", "data", "model", "evals", "training", "budget", "report")
-ENTRY_POINTS = ("tokenize_data", "train", "export_run", "budget_sidecar", "watchdog", "plan", "dod", "postmortem",
-                "export_hf", "sample", "alerts", "demo", "tokenizer", "evaluate", "remote")
+ENTRY_POINTS = ("tokenize_data", "train", "export_run", "budget_sidecar", "budget_serve", "watchdog", "plan", "dod",
+                "postmortem", "export_hf", "sample", "alerts", "demo", "tokenizer", "evaluate", "remote")
 COMMAND_PACKAGES = ("demo",)   # a command with more than one module: a package with a __main__
 # Which subpackage may import which (besides itself and the standard library).
 MAY_IMPORT = {

@@ -12,8 +12,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "cli-reference.md"
-COMMANDS = ["tokenizer", "tokenize_data", "plan", "budget_sidecar", "train", "watchdog", "alerts", "export_run",
-            "postmortem", "dod", "export_hf", "sample", "evaluate", "remote"]
+COMMANDS = ["tokenizer", "tokenize_data", "plan", "budget_sidecar", "budget_serve", "train", "watchdog", "alerts",
+            "export_run", "postmortem", "dod", "export_hf", "sample", "evaluate", "remote"]
 SUBCOMMANDS = {"tokenizer": ["fetch", "show"], "alerts": ["test"], "remote": ["push", "pull"]}
 
 

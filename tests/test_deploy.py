@@ -51,7 +51,7 @@ def test_resources_are_the_labs(task):
 def test_job_recovery_recovers_preemption_not_decisions(task):
     rec = task["resources"]["job_recovery"]
     assert rec["strategy"] == "FAILOVER" and rec["max_restarts_on_errors"] == 0
-    assert rec["recover_on_exit_codes"] == [75, 7]
+    assert rec["recover_on_exit_codes"] == [75, 7, 8]   # 8: the store was down through the wait
     assert not {0, 2, 3, 4, 5, 6} & set(rec["recover_on_exit_codes"])
 
 
@@ -80,11 +80,26 @@ def test_scripts_parse_and_use_the_labs_commands(task):
     assert "python -m x1_pretrain.postmortem --mlflow-uri file:///workspace/mlruns " \
            "--output experiments/X1-pretraining/run-cloud/spike-postmortem.md" in run
     assert "python -m x1_pretrain.dod --run-dir experiments/X1-pretraining/run-cloud/" in run
+    # several nodes: budget.json is served to the cluster's bearer token only, on the head's private address
+    assert "http.server" not in run
+    assert ('python -m x1_pretrain.budget_serve --file /workspace/budget.json --bind "$head_ip" '
+            '--port "$X1_BUDGET_PORT"') in run
 
 
 def test_budget_stops_leave_with_exit_0(task):
     case = task["run"][task["run"].index('case "$code" in'):]
     assert re.search(r"3\|4\)(?:(?!;;).)*exit 0 ;;", case, re.S), "exit codes 3/4 must end the job with exit 0"
+
+
+def test_a_store_down_through_every_wait_is_recovered_on_a_new_vm(task):
+    """Exit 8 (the checkpoint store could not be reached at start): the watchdog retried it on this VM; the run
+    script passes it on and SkyPilot starts a new VM for it, like every relaunched code but a crash (1)."""
+    from x1_pretrain.core.errors import EXIT_CODES, EXIT_STORE_UNAVAILABLE, EXIT_UNEXPECTED
+
+    recovered = set(task["resources"]["job_recovery"]["recover_on_exit_codes"])
+    assert {e.code for e in EXIT_CODES if e.relaunched} - {EXIT_UNEXPECTED} == recovered
+    case = task["run"][task["run"].index('case "$code" in'):]
+    assert re.search(rf"\n\s*{EXIT_STORE_UNAVAILABLE}\)(?:(?!;;).)*exit {EXIT_STORE_UNAVAILABLE} ;;", case, re.S)
 
 
 # --- the run script, executed with fake programs -------------------------------------------------------
@@ -98,6 +113,7 @@ case "$*" in
     prev=""; for a in "$@"; do [ "$prev" = --output-dir ] && out="$a"; prev="$a"; done
     mkdir -p "$out"; echo '{}' > "$out/meta.json"; exit 0 ;;
   "-m x1_pretrain.watchdog"*)
+    printf '%s' "${X1_BUDGET_TOKEN:-}" > "$FAKE_DIR/budget_token"   # what the trainer would send for budget.json
     mkdir -p "$FAKE_WS/checkpoints/step_0000001"; touch "$FAKE_WS/checkpoints/step_0000001/DONE"
     echo step_0000001 > "$FAKE_WS/checkpoints/latest"; echo "trainer says hello"
     if [ -n "${FAKE_TRAIN_UNTIL_TERM:-}" ]; then  # a trainer that runs until a stop, then checkpoints and says so
@@ -105,7 +121,7 @@ case "$*" in
       sleep 600 & nap=$!
       trap 'kill $nap; echo "trainer stopped by TERM"; exit 75' TERM; touch "$FAKE_DIR/training"; wait; fi
     exit "$FAKE_TRAIN_EXIT" ;;
-  "-m x1_pretrain.remote"*) exec "$REAL_PYTHON" "$@" ;;
+  "-m x1_pretrain.remote"*|"-m x1_pretrain.budget_serve"*) exec "$REAL_PYTHON" "$@" ;;
   "-m x1_pretrain."*) exit 0 ;;
   *) exec "$REAL_PYTHON" "$@" ;;
 esac
@@ -270,7 +286,10 @@ def test_two_nodes_one_bill_one_rendezvous_and_the_head_alone_exports(task, tmp_
     """`--num-nodes 2`: the head bills both machines (the clock at one machine's rate, sidecar --nodes 2) and serves
     budget.json to the other node, whose watchdog reads it over HTTP; each node's watchdog runs torchrun with its
     SkyPilot node rank and the head's address (so the head holds rank 0); only the head exports the bundle."""
+    import urllib.error
     import urllib.request
+
+    from x1_pretrain.budget.serve import derive_token
 
     from .s3server import free_port
 
@@ -286,7 +305,13 @@ def test_two_nodes_one_bill_one_rendezvous_and_the_head_alone_exports(task, tmp_
         assert head.poll() is None, head.communicate()[0]
         url = f"http://127.0.0.1:{port}/budget.json"
         assert wait_until(lambda: _answers(url), timeout=30)
-        assert json.loads(urllib.request.urlopen(url, timeout=10).read()) == {"spent_usd": 0.1}
+        # the bill is served to the cluster's token only (derived alike on each node from the task's secrets)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        assert refused.value.code == 401
+        token = derive_token({**{k: "" for k in task["secrets"]}, **common})
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        assert json.loads(urllib.request.urlopen(req, timeout=10).read()) == {"spent_usd": 0.1}
         proc, calls1, _ = _run(task, tmp_path / "node1", 0, SKYPILOT_NODE_RANK="1", **common)
         head.send_signal(signal.SIGTERM)
         out, _ = head.communicate(timeout=60)
@@ -307,13 +332,20 @@ def test_two_nodes_one_bill_one_rendezvous_and_the_head_alone_exports(task, tmp_
                             "--rdzv-conf=timeout=3600", "-m", "x1_pretrain.train"]
         assert run[run.index("--budget-curr-cost-uri") + 1] == uri
     assert "node 1 of 2: the head (127.0.0.1) bills every node" in proc.stdout
+    assert (tmp_path / "node1" / "fake" / "budget_token").read_text() == token   # node 1's trainer sends it
+    serving = next(c for c in calls0 if c[:2] == ["-m", "x1_pretrain.budget_serve"] and "--file" in c)
+    assert serving[2:] == ["--file", f"{ws}/budget.json", "--bind", "127.0.0.1", "--port", str(port)]
+    assert token not in " ".join(" ".join(c) for c in calls0 + calls1)   # never on a command line (ps)
 
 
 def _answers(url: str) -> bool:
+    import urllib.error
     import urllib.request
 
     try:
         urllib.request.urlopen(url, timeout=2).read()
+        return True
+    except urllib.error.HTTPError:   # an answer (401: no token)
         return True
     except OSError:
         return False
@@ -348,7 +380,7 @@ def test_skypilot_loads_the_task_and_each_cloud_supports_what_it_is_asked():
     assert set(clouds) == {"Lambda", "RunPod"} and clouds["RunPod"]["spot"] and not clouds["Lambda"]["spot"]
     for r in clouds.values():
         assert r["acc"] == {"A100-80GB": 1} and r["disk"] >= 500 and r["image"] == IMAGE
-        assert r["recovery"]["recover_on_exit_codes"] == [75, 7]
+        assert r["recovery"]["recover_on_exit_codes"] == [75, 7, 8]
 
 
 # --- the image -------------------------------------------------------------------------------------------

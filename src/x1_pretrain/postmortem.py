@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .core import redact
 from .core.cli import guarded
 from .core.names import EXPERIMENT
 from .report.postmortem import NoSpike, write_postmortem
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> int:
+        redact.warn_if_visible("--mlflow-uri", args.mlflow_uri, redact.MLFLOW_CREDENTIALS)
         try:
             done = write_postmortem(args.mlflow_uri, args.run_id, args.experiment, args.output)
         except NoSpike as e:

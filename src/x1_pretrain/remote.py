@@ -6,7 +6,8 @@ downloading and tokenizing again.
   python -m x1_pretrain.remote pull s3://x1-runs/lab00/data/tokenized /workspace/data/tokenized --if-present
 
 ``push`` uploads every file, then ``x1-dir.json`` (each file's size and sha256) last, so a push cut short is never
-taken for a complete copy; files already there with the same hash are not sent again. ``pull`` downloads what the
+taken for a complete copy; files already there with the same hash are not sent again; ``--verify`` then reads the
+manifest back and heads every object, and exits 1 unless each matches the local file. ``pull`` downloads what the
 manifest lists into a hidden folder beside the destination, checks every hash, and renames it into place. The
 endpoint and keys come from the standard AWS variables, as for --ckpt-remote (docs/cloud-runbook.md).
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from .core.cli import guarded
 from .core.errors import EXIT_UNEXPECTED, X1Error
 from .core.objstore import CREDENTIALS_FIX, RemoteURL, Store, StoreError
-from .core.remote_dir import PullFailed, pull, push
+from .core.remote_dir import PullFailed, pull, push, verify
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("url", help="s3://BUCKET/PREFIX to upload it under")
     up.add_argument("--if-absent", action="store_true",
                     help="leave a complete copy already there alone (tokens a run was trained on are never replaced)")
+    up.add_argument("--verify", action="store_true",
+                    help="then read the manifest back and head every object (size and sha256 against the local "
+                         "files); exit 1 naming what differs. For a folder nothing writes to (a run bundle)")
     down = sub.add_parser("pull", help="download a complete copy into an absent or empty folder")
     down.add_argument("url", help="s3://BUCKET/PREFIX a push wrote")
     down.add_argument("local", type=Path, help="the folder to create (absent or empty)")
@@ -54,6 +58,18 @@ def _store_failure(url: RemoteURL, e: StoreError) -> int:
     return EXIT_UNEXPECTED
 
 
+def _verified(store: Store, local: Path) -> int:
+    missing = verify(store, local)
+    for line in missing:
+        print(f"error: {line}", file=sys.stderr)
+    if missing:
+        print(f"error: {store.url} does not hold all of {local} ({len(missing)} file(s)): push again",
+              file=sys.stderr)
+        return EXIT_UNEXPECTED
+    print(f"[remote] {store.url}: every file of {local} read back, sizes and sha256 match", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -63,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.cmd == "push":
                 push(store, args.local, lambda s: print(f"[remote] {s}", flush=True), if_absent=args.if_absent)
-                return 0
+                return _verified(store, args.local) if args.verify else 0
             got = pull(store, args.local, lambda s: print(f"[remote] {s}", flush=True))
         except StoreError as e:
             return _store_failure(url, e)

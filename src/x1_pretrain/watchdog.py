@@ -11,6 +11,8 @@ SIGTERM/SIGINT, which checkpoints and exits 75; the watchdog then exits without 
 watchdog is gone stops the same way (no orphan). Each restart is logged with its reason, exit code, downtime, steps
 lost since the last checkpoint and relaunch latency (exit → new trainer's first step).
 
+After exit 7 on a full checkpoint disk the watchdog waits (says so, alerts) until a checkpoint fits, then relaunches.
+
 A closed terminal never loses the run: output that cannot be written goes to ``--log-file`` (else nowhere).
 ``--detach --log-file F``: the watchdog runs in the background in its own session, all output appended to F, and
 prints the pid and how to follow and stop it: closing the terminal does nothing at all. An ending that leaves
@@ -24,21 +26,19 @@ stopped or hung.
 
 ``--terminate-on-exit lambda|runpod --export-to DIR``: after the trainer ends for good (exit 0, 3 or 4), or the
 watchdog gives up (a crash loop, ``--max-restarts``: the run then ends at its last complete checkpoint), export the
-run to DIR (export_run) and terminate the instance through the provider's API (the key in LAMBDA_API_KEY /
-RUNPOD_API_KEY); the answer is logged and alerted. A failed export (except after exit 4) leaves the instance running
-and alerts loudly.
+run to DIR, upload it and the final checkpoint to ``--bundle-remote`` (default: the train command's
+``--ckpt-remote``/bundle), read every size and sha256 back, and only then terminate the instance (the key in
+LAMBDA_API_KEY / RUNPOD_API_KEY), logged and alerted. A failed export, upload or check (except after exit 4) leaves
+the instance running and alerts what is missing and the rate; with no remote at all the flag is refused (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from .budget import alerts
-from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, ApiSource
-from .budget.terminate import EndOfBill
+from .budget import alerts, terminate
 from .core.console import guarded_console
 from .core.errors import EXIT_USAGE, X1Error, exit_code_help
 from .core.names import default_mlflow_uri
@@ -61,20 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--detach", action="store_true",
                     help="run in the background in its own session, output appended to --log-file; prints the pid "
                          "and how to follow and stop the run, so closing the terminal does nothing at all")
+    W.add_disk_flags(ap)
     b = ap.add_argument_group("budget, second line")
     b.add_argument("--budget-cap-usd", type=float,
                    help="default: the train command's (its --budget-cap-usd, else budget.cap_usd in its --config)")
     b.add_argument("--budget-curr-cost-uri", help="default: the train command's --budget-curr-cost-uri")
     b.add_argument("--budget-poll-s", type=float, default=60.0, help="seconds between the watchdog's reads (60)")
     b.add_argument("--budget-kill-grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL, seconds (10)")
-    e = ap.add_argument_group("ending the bill")
-    e.add_argument("--terminate-on-exit", choices=("lambda", "runpod"), help="terminate the instance at the end")
-    e.add_argument("--export-to", type=Path, help="export_run --output before terminating (required with it)")
-    e.add_argument("--instance-id", help="Lambda instance (default: the only running one)")
-    e.add_argument("--pod-id", help="RunPod pod (default: $RUNPOD_POD_ID, else the only running one)")
-    e.add_argument("--api-key-env", help="env var holding the provider's API key")
-    e.add_argument("--provider-base-url", help="provider API base URL (default: the provider's; the sidecar's "
-                   "--provider-base-url)")
+    terminate.add_flags(ap)
     return ap
 
 
@@ -92,23 +86,12 @@ def options(args: argparse.Namespace, cmd: list[str]) -> W.WatchdogOptions:
             raise X1Error(f"--budget-cap-usd {cap!r} is not a number") from None
         if line.poll_s <= 0 or line.kill_grace_s < 0:
             raise X1Error("--budget-poll-s must be positive and --budget-kill-grace-s >= 0")
-    end = None
-    if args.terminate_on_exit:
-        provider = args.terminate_on_exit
-        if args.export_to is None:
-            raise X1Error("--terminate-on-exit needs --export-to DIR: the run is exported before the instance goes")
-        key_env = args.api_key_env or DEFAULT_KEY_ENV[provider]
-        key = os.environ.get(key_env, "").strip()
-        if not key:
-            raise X1Error(f"--terminate-on-exit {provider}: environment variable {key_env} is not set")
-        rid = args.instance_id if provider == "lambda" else (args.pod_id or os.environ.get("RUNPOD_POD_ID"))
-        api = ApiSource(provider, args.provider_base_url or DEFAULT_BASE_URL[provider], key, key_env, 20.0, rid)
-        uri = W.flag_of(cmd, "--mlflow-uri") or default_mlflow_uri(W.ckpt_dir_of(cmd))
-        end = EndOfBill(api, args.export_to, uri)
+    end = terminate.from_flags(args, W.flag_of(cmd, "--ckpt-remote"),
+                               W.flag_of(cmd, "--mlflow-uri") or default_mlflow_uri(W.ckpt_dir_of(cmd)))
     return W.WatchdogOptions(max_restarts=args.max_restarts, backoff_s=args.backoff_s,
                            max_backoff_s=args.max_backoff_s, events_file=args.events_file, log_file=args.log_file,
                            budget_line=line, end_of_bill=end, alerter=alerts.from_env(),
-                           mlflow_uri=W.flag_of(cmd, "--mlflow-uri"))
+                           mlflow_uri=W.flag_of(cmd, "--mlflow-uri"), **W.disk_options(args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return wd.run()
         finally:
-            wd.status_file.unlink(missing_ok=True)
+            wd.cleanup()
 
 
 if __name__ == "__main__":

@@ -48,3 +48,27 @@ def test_a_ledger_that_cannot_be_written_does_not_stop_the_guard(tmp_path):
     led = Ledger(tmp_path / "gone" / "dir", 35.0, logs.append)
     led.save(NOW, Memory(spent_usd=1.0))
     assert any("cannot write" in line for line in logs)
+
+
+def test_only_a_dict_with_the_format_and_finite_non_negative_money_is_a_ledger(tmp_path):
+    from x1_pretrain.budget.ledger import memory_to_json, parse_text, problem_of
+
+    good = {"format": FORMAT, "cap_usd": 35.0, "memory": memory_to_json(Memory(spent_usd=3.0, earlier_usd=1.5,
+                                                                              machines=(("a", 1.5),)))}
+    assert problem_of(good, "L") is None
+    assert "not an x1 budget ledger" in parse_text(b"[1, 2]", "L")[1]
+    assert "cannot be read" in parse_text(b"{half", "L")[1]
+    assert "not an x1 budget ledger" in problem_of({**good, "format": "x1-budget-ledger/0"}, "L")
+    for key, value in (("spent_usd", -1.0), ("earlier_machines_usd", -100.0), ("rate_usd_per_hr", float("inf")),
+                       ("launch_rate_usd_per_hr", float("nan")), ("spent_usd", "40"), ("spent_usd", True)):
+        bad = {**good, "memory": {**good["memory"], key: value}}
+        assert f"memory.{key} = {value!r}" in problem_of(bad, "L"), (key, value)
+    bad = {**good, "memory": {**good["memory"], "machines": [{"machine": "a", "compute_usd": -5}]}}
+    assert "memory.machines[0].compute_usd = -5" in problem_of(bad, "L")
+    assert "memory is list" in problem_of({**good, "memory": []}, "L")
+    # on this disk too: a damaged one is set aside, never used
+    (tmp_path / LEDGER_FILE).write_text(json.dumps({**good, "memory": {"spent_usd": 5.0,
+                                                                       "earlier_machines_usd": -1e9}}))
+    logs: list[str] = []
+    assert Ledger(tmp_path, 35.0, logs.append).load() == Memory()
+    assert list(tmp_path.glob(f"{LEDGER_FILE}.bad-*")) and any("earlier_machines_usd" in x for x in logs)

@@ -1,4 +1,4 @@
-"""``plan`` must reproduce the arithmetic in ../shared/spec/ERRATA.md and say plainly what fits."""
+"""``plan`` must reproduce the arithmetic in docs/errata.md and say plainly what fits."""
 
 from __future__ import annotations
 

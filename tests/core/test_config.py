@@ -167,3 +167,11 @@ def test_a_checkpoint_written_before_a_rename_compares_equal():
     assert all(key in C.OPERATIONAL_KEYS or key == "budget.fit" for key, _, _ in diffs)
     old["checkpoint"]["every_steps"] = 5
     assert ("checkpoint.every_steps", 5, 1800) in C.diff(old, new)
+
+
+def test_the_remote_wait_is_bounded_and_defaults_to_30_minutes(tmp_path):
+    assert C.load(write(tmp_path, "{}\n")).checkpoint.remote_wait_min == 30.0
+    assert C.load(write(tmp_path, "{}\n"), {"checkpoint.remote_wait_min": 0}).checkpoint.remote_wait_min == 0
+    for bad in (-1, 1441):
+        with pytest.raises(C.ConfigError, match=r"checkpoint\.remote_wait_min: must be between 0"):
+            C.load(write(tmp_path, f"checkpoint: {{remote_wait_min: {bad}}}\n"))

@@ -68,3 +68,20 @@ def test_scrub_removes_keys_and_signatures(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "abcd-secret-1234")
     text = scrub("boom abcd-secret-1234 https://h/b/k?X-Amz-Signature=deadbeef&X-Amz-Credential=AKIA%2F1 x")
     assert "abcd-secret-1234" not in text and "deadbeef" not in text and "AKIA%2F1" not in text
+
+
+def test_conditional_writes_lose_cleanly_to_a_writer_that_came_first(s3env):
+    """If-None-Match: * refuses a key that exists; If-Match refuses an ETag that is no longer current. Both are
+    StoreError ``conflict`` and leave the object as the winner wrote it."""
+    store = Store(RemoteURL.parse(s3env))
+    store.put_bytes(b"first\n", "latest", if_none_match=True)
+    with pytest.raises(StoreError) as e:
+        store.put_bytes(b"second\n", "latest", if_none_match=True)
+    assert e.value.kind == "conflict"
+    data, etag = store.get_tagged("latest")
+    assert data == b"first\n"
+    store.put_bytes(b"third\n", "latest", if_match=etag)
+    with pytest.raises(StoreError) as e:
+        store.put_bytes(b"fourth\n", "latest", if_match=etag)   # read before the third write: stale
+    assert e.value.kind == "conflict"
+    assert store.get_tagged("latest")[0] == b"third\n" and store.get_tagged("nope") is None

@@ -24,3 +24,18 @@ def test_free_text_is_scrubbed_of_a_urls_secrets():
     msg = "HTTPError: 401 for http://u:topsecret@h/b.json?token=abcdef (token abcdef rejected)"
     out = redact.scrub(msg, url)
     assert "topsecret" not in out and "abcdef" not in out and "401" in out
+
+
+def test_a_url_flag_with_a_secret_is_warned_once_masked_naming_the_alternative(monkeypatch, capsys):
+    monkeypatch.setattr(redact, "_warned", set())
+    assert not redact.warn_if_visible("--mlflow-uri", "http://host:5000/", redact.MLFLOW_CREDENTIALS)
+    assert not redact.warn_if_visible("--mlflow-uri", "file:///tmp/mlruns", redact.MLFLOW_CREDENTIALS)
+    assert capsys.readouterr().err == ""
+    url = "http://alice:pa55word@host:5000/"
+    assert redact.warn_if_visible("--mlflow-uri", url, redact.MLFLOW_CREDENTIALS)
+    assert not redact.warn_if_visible("--mlflow-uri", url, redact.MLFLOW_CREDENTIALS)   # once
+    assert redact.warn_if_visible("--budget-curr-cost-uri", "https://h/b.json?token=abcdef", redact.BUDGET_CREDENTIALS)
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 2 and "pa55word" not in err and "abcdef" not in err
+    assert "--mlflow-uri http://***@host:5000/ carries a secret" in err and "(ps)" in err
+    assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in err and "X1_BUDGET_TOKEN" in err

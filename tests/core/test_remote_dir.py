@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import numpy as np
@@ -149,3 +150,71 @@ def test_pull_never_deletes_what_it_did_not_write_and_refuses_paths_outside_its_
     with pytest.raises(X1Error, match="outside its folder"):
         pull(store, tmp_path / "evil", print)
     assert not (tmp_path.parent / "escaped").exists() and not (tmp_path / "evil").exists()
+
+
+def test_a_symlink_in_the_folder_is_never_followed_when_pushing(s3env, tmp_path):
+    """A link in ``logs/`` to a file outside it (or to a folder) is not uploaded: the outside bytes stay home."""
+    secret = tmp_path / "outside" / "credentials"
+    secret.parent.mkdir()
+    secret.write_text("aws_secret_access_key = SECRET-4242\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "train.log").write_text("step 1\n")
+    os.symlink(secret, logs / "train-2.log")
+    os.symlink(secret.parent, logs / "more")
+    store = Store(RemoteURL.parse(s3env + "/logs"))
+    lines: list[str] = []
+    push(store, logs, lines.append)
+    assert sorted(store.list_objects()) == ["train.log", MANIFEST]
+    assert any("2 symlink(s) not pushed" in x and "train-2.log" in x for x in lines)
+    assert b"SECRET" not in b"".join(store.get_bytes(k) or b"" for k in store.list_objects())
+
+
+@pytest.mark.parametrize("key", ["/etc/x1-escaped", "a//b", "a\\..\\..\\b", "sub/../../escaped", "."])
+def test_a_manifest_path_that_leaves_the_folder_is_refused_before_anything_is_written(s3env, tmp_path, key):
+    src = _tokens(tmp_path / "tokenized")
+    store = Store(RemoteURL.parse(s3env + "/tok"))
+    push(store, src, print)
+    manifest = json.loads(store.get_bytes(MANIFEST))
+    manifest["files"][key] = manifest["files"]["meta.json"]
+    store.put_bytes(json.dumps(manifest).encode(), MANIFEST)
+    with pytest.raises(X1Error, match=r"outside its folder") as e:
+        pull(store, tmp_path / "evil", print)
+    assert repr(key)[1:-1] in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenized"]   # not even the pull folder
+
+
+def test_a_symlinked_parent_cannot_take_a_pulled_file_outside(tmp_path):
+    from x1_pretrain.core.fileio import OutsideFolder, inside
+
+    root = tmp_path / "root"
+    root.mkdir()
+    os.symlink(tmp_path, root / "up")
+    assert inside(root, "a/b.txt") == root.resolve() / "a" / "b.txt"
+    with pytest.raises(OutsideFolder, match=r"'up/x' would be written outside its folder .*through the symlink"):
+        inside(root, "up/x", "the key")
+    for bad in ("", "a\x00b", "../x"):
+        with pytest.raises(OutsideFolder, match="outside its folder"):
+            inside(root, bad)
+
+
+def test_verify_reads_the_copy_back_and_names_every_object_that_differs(s3, s3env, tmp_path, capsys):
+    """What the end of the bill relies on before it terminates: the manifest and a head of every object."""
+    from x1_pretrain.core.remote_dir import verify
+
+    src = _tokens(tmp_path / "bundle")
+    url = s3env + "/bundle"
+    assert remote.main(["push", "--verify", str(src), url]) == 0
+    assert "every file of" in capsys.readouterr().out
+    store = Store(RemoteURL.parse(url))
+    assert verify(store, src) == []
+    key = RemoteURL.parse(url).key("train_001.bin")
+    s3.client().put_object(Bucket=RemoteURL.parse(url).bucket, Key=key, Body=b"not the shard")   # replaced behind
+    s3.client().delete_object(Bucket=RemoteURL.parse(url).bucket, Key=RemoteURL.parse(url).key("meta.json"))
+    (src / "val_000.bin").write_bytes(b"changed here after the push")
+    got = verify(store, src)
+    assert len(got) == 3 and any("train_001.bin: differs" in g for g in got)
+    assert any("meta.json: absent" in g for g in got) and any("val_000.bin: not in the remote manifest" in g
+                                                               for g in got)
+    store.delete([MANIFEST])
+    assert verify(store, src) == [f"{url}/{MANIFEST}: absent (the push did not complete)"]

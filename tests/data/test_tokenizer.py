@@ -115,3 +115,47 @@ def test_cli_show_and_errors(tmp_path, monkeypatch, capsys):
 def test_cache_dir_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv(T.CACHE_ENV, str(tmp_path))
     assert T.cached_file() == Path(tmp_path) / "gpt2.tiktoken"
+
+
+def _sdist_pip(tmp_path: Path, add) -> list[str]:
+    """A pip whose ``download`` leaves the sdist ``add(tar)`` built in the folder after ``-d``."""
+    import io
+    import tarfile
+
+    sdist = tmp_path / "openai-whisper-20250625.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        readme = tarfile.TarInfo("openai-whisper-20250625/README.md")
+        readme.size = 3
+        tar.addfile(readme, io.BytesIO(b"hi\n"))
+        add(tar)
+    pip = tmp_path / "pip"
+    pip.write_text(f'#!/bin/bash\ncp {sdist} "${{@: -1}}"\n')
+    pip.chmod(0o755)
+    return [str(pip)]
+
+
+def test_a_symlink_member_in_the_sdist_is_refused_by_name_not_a_key_error(tmp_path):
+    import tarfile
+
+    def link(tar: tarfile.TarFile) -> None:
+        member = tarfile.TarInfo(f"openai-whisper-20250625/{T.WHISPER_MEMBER}")
+        member.type, member.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(member)
+
+    with pytest.raises(TokenizerNotFound, match=r"gpt2\.tiktoken is a symlink, not the file x1 expects"):
+        T.fetch_into_cache(tmp_path / "out" / "gpt2.tiktoken", pip=_sdist_pip(tmp_path, link))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_member_of_another_size_is_refused_before_it_is_read(tmp_path):
+    import io
+    import tarfile
+
+    def big(tar: tarfile.TarFile) -> None:
+        member = tarfile.TarInfo(f"openai-whisper-20250625/{T.WHISPER_MEMBER}")
+        member.size = 4 << 20    # zeros compress to a few KB: the archive is small, the member is not
+        tar.addfile(member, io.BytesIO(bytes(member.size)))
+
+    with pytest.raises(TokenizerNotFound, match=r"is 4,194,304 bytes, expected 835,554; nothing was read"):
+        T.fetch_into_cache(tmp_path / "out" / "gpt2.tiktoken", pip=_sdist_pip(tmp_path, big))
+    assert not (tmp_path / "out").exists()

@@ -46,14 +46,16 @@ def test_scores_a_checkpoint_dir_prints_the_table_and_writes_the_json(ckpt, loca
     printed = capsys.readouterr().out
     assert code == 0
     lines = printed.strip().splitlines()
-    assert lines[0].split() == ["task", "n", "acc", "acc_norm", "chance"]
-    assert lines[1].split()[:2] == ["piqa", "8"] and lines[1].split()[4] == "0.5000"
-    assert lines[2].split()[:2] == ["winogrande", "6"] and lines[2].split()[3] == "—"
+    assert lines[0].split() == ["task", "split", "n", "acc", "acc_norm", "chance"]
+    assert lines[1].split()[:3] == ["piqa", "validation", "8"] and lines[1].split()[5] == "0.5000"
+    assert lines[2].split()[:3] == ["winogrande", "validation", "6"] and lines[2].split()[4] == "—"
     result = json.loads(out.read_text())
     assert result["step"] == 11 and result["limit"] == 8 and set(result["tasks"]) == {"piqa", "winogrande"}
     piqa = result["tasks"]["piqa"]
     assert piqa["n"] == 8 and 0 <= piqa["acc"] <= 1 and piqa["chance"] == 0.5
-    assert result["tasks"]["winogrande"]["acc_norm"] is None
+    assert piqa["split"] == "validation" and piqa["limit"] == 8
+    wino = result["tasks"]["winogrande"]
+    assert wino["acc_norm"] is None and wino["n"] == 6 and wino["limit"] == 8   # n: scored, never the limit asked
     assert result["data_sha256"]["piqa"] == sets.SETS["piqa"].sha256
 
 

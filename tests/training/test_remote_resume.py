@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from x1_pretrain.budget.ledger import LEDGER_FILE
+from x1_pretrain.core.errors import EXIT_STORE_UNAVAILABLE, X1Error
 from x1_pretrain.core.objstore import RemoteURL, Store
 from x1_pretrain.training import checkpoint as ck
+from x1_pretrain.training import remote_resume as RR
 from x1_pretrain.training.mirror import Mirror
 from x1_pretrain.training.remote_resume import RemoteUnavailable, pull
 
@@ -49,20 +54,149 @@ def test_pull_takes_the_newest_remote_checkpoint_that_verifies_and_the_larger_le
     assert pull(store, dst, lines.append) is None    # nothing newer than what is here now
 
 
-def test_an_unreadable_remote_with_nothing_local_is_exit_1_not_a_fresh_start(tmp_path, monkeypatch):
+def test_an_unreachable_remote_with_nothing_local_is_waited_for_then_exit_8_not_a_fresh_start(tmp_path, monkeypatch):
+    """No server on the port (ECONNREFUSED): the pauses between tries double from WAIT_FIRST_S up to WAIT_MAX_S and
+    the last one ends at the deadline; each try says what it waits for and until when; then exit 8."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAX1")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x1")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x1-waiting-secret")
+    monkeypatch.setattr(RR, "WAIT_FIRST_S", 0.05)
+    monkeypatch.setattr(RR, "WAIT_MAX_S", 0.2)
     store = Store(RemoteURL.parse("s3://bucket-x1/p"), connect_timeout_s=1, attempts=1)
-    with pytest.raises(RemoteUnavailable, match="not starting fresh") as e:
+    with pytest.raises(RemoteUnavailable):   # one look, no wait: pull itself never starts fresh
         pull(store, tmp_path / "empty", print)
-    assert e.value.exit_code == 1
+    lines: list[str] = []
+    t0 = time.monotonic()
+    with pytest.raises(RR.StoreUnavailable, match="not starting fresh") as e:
+        RR.pull_when_reachable(store, tmp_path / "empty", lines.append, wait_min=3 / 60)
+    assert e.value.exit_code == EXIT_STORE_UNAVAILABLE == 8 and 2.9 < time.monotonic() - t0 < 15
+    waits = [x for x in lines if x.startswith("remote: waiting for s3://bucket-x1/p")]
+    assert all("giving up at" in x and "UTC (checkpoint.remote_wait_min 0.05), then exit 8" in x for x in waits)
+    pauses = [float(re.search(r"in (\d+\.\d) s;", x).group(1)) for x in waits]
+    # 0.05, 0.1, 0.2, 0.2, ... (shown to 0.1 s); the last one ends at the deadline
+    assert len(pauses) >= 4 and pauses[:-1] == [round(min(0.05 * 2 ** i, 0.2), 1) for i in range(len(pauses) - 1)]
+    assert pauses[-1] <= 0.2
+    assert "x1-waiting-secret" not in " ".join(lines) + str(e.value)
+    assert not (tmp_path / "empty").exists() or not any((tmp_path / "empty").iterdir())
+
+
+def test_a_store_that_comes_up_during_the_wait_is_resumed_from(s3, s3env, tmp_path, monkeypatch):
+    store = Store(RemoteURL.parse(s3env))
+    src = tmp_path / "machine-a"
+    mirror = Mirror(store, src, keep_last=3, log=print).start()
+    mirror.checkpoint(_step(src, 3, mb=0.1))
+    assert mirror.drain(60)
+    mirror.close()
+    proxy = Proxy(s3.port, listening=False)        # machine B starts while the store refuses connections
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    monkeypatch.setattr(RR, "WAIT_FIRST_S", 0.05)
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if line.startswith("remote: waiting for"):
+            proxy.listen()                          # the store comes up after the first announced try
+    try:
+        dst = tmp_path / "machine-b"
+        assert RR.pull_when_reachable(Store(RemoteURL.parse(s3env)), dst, log, wait_min=5) == "step_0000003"
+    finally:
+        proxy.close()
+    assert ck.read_latest(dst) == "step_0000003" and ck.verify(dst / "step_0000003")[0] is not None
+    assert [x.split(" (")[0] for x in lines if x.startswith("remote:")][:3] == [
+        f"remote: waiting for {s3env} at {proxy.endpoint} to answer", f"remote: {s3env} answers again after 1 tries: "
+        "resuming from it", "remote: step_0000003 came down from " + s3env]
+
+
+def test_credentials_refused_when_the_store_comes_up_end_the_wait_with_exit_2(s3, s3env, tmp_path, monkeypatch):
+    proxy = Proxy(s3.port, listening=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-4243")
+    monkeypatch.setattr(RR, "WAIT_FIRST_S", 0.05)
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if line.startswith("remote: waiting for"):
+            proxy.listen()
+    try:
+        with pytest.raises(X1Error, match="refused the credentials") as e:
+            RR.pull_when_reachable(Store(RemoteURL.parse(s3env)), tmp_path / "b", log, wait_min=5)
+    finally:
+        proxy.close()
+    assert e.value.exit_code == 2 and len([x for x in lines if "waiting for" in x]) == 1   # no more waiting
+    assert "not-the-secret-4243" not in str(e.value)
 
 
 def _run(cmd, env, log):
     out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     log.write_text(out.stdout)
     return out
+
+
+@pytest.mark.slow
+def test_a_store_down_when_a_new_machine_starts_is_waited_for_and_the_run_resumes_from_it(s3, s3env, demo_data,
+                                                                                          tmp_path):
+    """Machine A mirrors step 3 and is gone. Machine B starts with an empty disk while the store refuses
+    connections: it waits (saying so), the store comes up, and B trains on from A's checkpoint in A's MLflow run."""
+    a = tmp_path / "machine-a"
+    out = _run(train_cmd(demo_data, a, 3, "--ckpt-remote", s3env, ckpt_every=3), os.environ, tmp_path / "a.log")
+    assert out.returncode == 0, out.stdout[-3000:]
+    proxy = Proxy(s3.port, listening=False)       # bound, not listening: every connect is refused
+    b, log = tmp_path / "machine-b", tmp_path / "b.log"
+    cmd = train_cmd(demo_data, b, 5, "--ckpt-remote", s3env, "--resume-from-latest", "--allow-config-change",
+                    ckpt_every=3, seed=False)
+    try:
+        proc = start(cmd, log, {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint})
+        wait_for(lambda: "remote: waiting for" in log.read_text(), proc=proc, timeout=300)
+        assert ck.read_latest(b) is None            # nothing trained, nothing came down while it waits
+        proxy.listen()                              # the store is back
+        assert proc.wait(300) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proxy.close()
+    text = log.read_text()
+    assert "connect" in text.split("remote: waiting for", 1)[1].split("\n")[0].lower()   # what it waited on
+    assert "answers again" in text and "step_0000003 came down" in text and "MLflow store came down" in text
+    assert ck.read_latest(b) == "step_0000005" and set(losses(b)) == set(range(1, 6))   # A's steps, then B's
+    assert Store(RemoteURL.parse(s3env)).get_bytes("latest") == b"step_0000005\n"
+
+
+def test_a_store_that_never_comes_back_within_the_wait_is_exit_8(demo_data, tmp_path, monkeypatch, capsys):
+    from x1_pretrain import train
+
+    for k, v in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "AKIAX1",
+                 "AWS_SECRET_ACCESS_KEY": "x1-down-secret", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    ckpt = tmp_path / "c"
+    code = train.main(train_cmd(demo_data, ckpt, 4, "--ckpt-remote", "s3://x1-runs/down", "--resume-from-latest",
+                                "--checkpoint-remote-wait-min", "0.02")[3:])
+    out = capsys.readouterr()
+    assert code == 8, out.out[-3000:] + out.err[-3000:]
+    assert "remote: waiting for s3://x1-runs/down" in out.out and "(checkpoint.remote_wait_min 0.02)" in out.out
+    assert "could not be reached for checkpoint.remote_wait_min 0.02 min" in out.err and "Exit 8" in out.err
+    assert "Traceback" not in out.err and "x1-down-secret" not in out.out + out.err
+    assert not list(ckpt.glob("step_*")) and ck.read_exit_status(ckpt)["exit_code"] == 8   # for the watchdog
+
+
+@pytest.mark.slow
+def test_sigterm_while_waiting_for_the_store_ends_the_wait_cleanly(demo_data, tmp_path):
+    env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "AKIAX1",
+           "AWS_SECRET_ACCESS_KEY": "x1", "AWS_DEFAULT_REGION": "us-east-1"}
+    ckpt, log = tmp_path / "c", tmp_path / "log"
+    proc = start(train_cmd(demo_data, ckpt, 4, "--ckpt-remote", "s3://x1-runs/down", "--resume-from-latest"), log,
+                 env)
+    try:
+        wait_for(lambda: "remote: waiting for" in log.read_text(), proc=proc, timeout=300)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)            # the watchdog's budget line, or the VM going away
+        assert proc.wait(60) == 75 and time.monotonic() - t0 < 15, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert "SIGTERM heard while waiting for the checkpoint store" in text and "Traceback" not in text
+    assert not list(ckpt.glob("step_*"))
 
 
 @pytest.mark.slow
@@ -137,7 +271,7 @@ def test_a_file_store_goes_up_file_by_file_and_comes_back_whole(s3env, tmp_path)
     metric.write_text("1 10.9 1\n")
     calls: list[str] = []
     store.client.meta.events.register("before-parameter-build.s3.PutObject", lambda params, **_: calls.append(
-        params["Key"]))
+        params["Key"]) if not params["Key"].endswith("/x1-run.json") else None)   # the run's owner object aside
     mirror = Mirror(store, tmp_path / "c", keep_last=3, log=print).start()
     mirror.mlflow(MlflowStore(mlruns, sqlite=False))
     assert mirror.drain(60)
@@ -229,3 +363,166 @@ def test_the_other_processes_of_a_node_wait_for_the_pull_and_share_its_failure(t
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")   # the next restart does not take the old verdict
     with pytest.raises(RemoteUnavailable, match="did not finish pulling"):
         wait_for_pull(ckpt, print, timeout_s=0.5, every_s=0.05)
+
+
+def test_a_second_run_on_an_owned_prefix_is_refused_at_launch_and_nothing_of_the_first_changes(s3env, demo_data,
+                                                                                               tmp_path):
+    """Run A owns the prefix (its mirror claimed it). Another run pointed there, fresh or with a checkpoint dir
+    of its own, is exit 2 naming the prefix, A's run id and the fix, before it writes anything there."""
+    from x1_pretrain.training import run_owner
+
+    store = Store(RemoteURL.parse(s3env))
+    a = tmp_path / "run-a"
+    mirror = Mirror(store, a, keep_last=3, log=print).start()
+    mirror.checkpoint(_step(a, 2, mb=0.05))
+    assert mirror.drain(60)
+    mirror.close()
+    owner = run_owner.local_id(a)
+    before = {k: store.get_bytes(k) for k in store.list_objects()}
+    assert owner and run_owner.OWNER in before
+    b = tmp_path / "run-b"
+    out = _run(train_cmd(demo_data, b, 4, "--ckpt-remote", s3env, ckpt_every=2), os.environ, tmp_path / "b.log")
+    assert out.returncode == 2, out.stdout[-3000:]
+    assert f"--ckpt-remote {store.url} belongs to run {owner}" in out.stdout, out.stdout[-3000:]
+    assert "a prefix of its own (another --ckpt-remote)" in out.stdout
+    assert "--resume-from-latest" in out.stdout and "Traceback" not in out.stdout
+    c = tmp_path / "run-c"       # another experiment's checkpoint dir (its own id), even with --resume-from-latest
+    run_owner.keep_local(c, "another-experiment")
+    out = _run(train_cmd(demo_data, c, 4, "--ckpt-remote", s3env, "--resume-from-latest", ckpt_every=2),
+               os.environ, tmp_path / "c.log")
+    assert out.returncode == 2, out.stdout[-3000:]
+    assert f"belongs to run {owner}" in out.stdout and "belongs to run another-experiment" in out.stdout
+    assert {k: store.get_bytes(k) for k in store.list_objects()} == before
+    assert not list(b.glob("step_*")) and not list(c.glob("step_*"))
+
+
+@pytest.mark.slow
+def test_the_same_run_resumed_on_an_empty_disk_adopts_its_id_and_prunes_only_its_own(s3env, demo_data, tmp_path):
+    """Run A mirrors step 2 and owns the prefix; a new machine resumes it from an empty disk: it adopts A's run
+    id, trains on, prunes A's old step (the same run's) to keep_last, and leaves a step dir no run of ours wrote."""
+    from x1_pretrain.training import run_owner
+
+    keep = ("--set", "checkpoint.keep_last=1")
+    a = tmp_path / "machine-a"
+    out = _run(train_cmd(demo_data, a, 2, "--ckpt-remote", s3env, *keep, ckpt_every=2), os.environ, tmp_path / "a.log")
+    assert out.returncode == 0, out.stdout[-3000:]
+    store = Store(RemoteURL.parse(s3env))
+    owner = run_owner.local_id(a)
+    assert owner and run_owner.remote_id(store) == owner
+    store.put_bytes(b"someone else's", "step_0000001/model.safetensors")    # not written by this run: it stays
+    b = tmp_path / "machine-b"
+    out = _run(train_cmd(demo_data, b, 6, "--ckpt-remote", s3env, "--resume-from-latest", *keep,
+                         "--allow-config-change", ckpt_every=2, seed=False), os.environ, tmp_path / "b.log")
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert "step_0000002 came down" in out.stdout and f"resuming run {owner}" in out.stdout
+    assert run_owner.local_id(b) == owner
+    assert {k.split("/")[0] for k in store.list_objects("step_")} == {"step_0000001", "step_0000006"}
+    assert store.get_bytes("latest") == b"step_0000006\n"
+    assert store.head("step_0000006/DONE")[1] == {run_owner.META_KEY: owner}
+
+
+def test_a_pull_adopts_the_prefix_run_and_takes_nothing_into_another_runs_dir(s3env, tmp_path):
+    """The store was down at launch (no check then): the pull itself refuses a checkpoint dir of another run
+    (exit 2, nothing downloaded) and gives an empty one the prefix's run id."""
+    from x1_pretrain.core.errors import X1Error
+    from x1_pretrain.training import run_owner
+
+    store = Store(RemoteURL.parse(s3env))
+    src = tmp_path / "machine-a"
+    mirror = Mirror(store, src, keep_last=3, log=print).start()
+    mirror.checkpoint(_step(src, 3, mb=0.05))
+    assert mirror.drain(60)
+    mirror.close()
+    other = tmp_path / "other-run"
+    run_owner.keep_local(other, "another-experiment")
+    with pytest.raises(X1Error, match=f"belongs to run {run_owner.local_id(src)}") as e:
+        pull(store, other, print)
+    assert e.value.exit_code == 2 and not list(other.glob("step_*"))
+    empty = tmp_path / "machine-b"
+    assert pull(store, empty, print) == "step_0000003"
+    assert run_owner.local_id(empty) == run_owner.local_id(src)
+
+
+def _put_raw(store: Store, rel: str, body: bytes) -> None:
+    """An object put straight through boto3, the way anyone with write access to the bucket can."""
+    store.client.put_object(Bucket=store.url.bucket, Key=store.url.key(rel), Body=body)
+
+
+@pytest.mark.parametrize("key", ["mlruns/../../x1-escaped", "mlruns//tmp/x1-escaped-abs", "mlruns/1/../../..",
+                                 "mlruns/a\\..\\..\\x1-escaped"])
+def test_a_hostile_mlflow_key_in_the_bucket_is_refused_and_nothing_is_written(s3env, tmp_path, key):
+    from x1_pretrain.training.mirror import MlflowStore
+
+    store = Store(RemoteURL.parse(s3env))
+    _put_raw(store, "mlruns/1/meta.yaml", b"name: x1-pretraining\n")
+    _put_raw(store, key, b"owned\n")
+    assert key in store.list_objects(""), "the store must keep the key as given for this test to mean anything"
+    back = tmp_path / "machine-b" / "mlruns"
+    with pytest.raises(X1Error, match="would be written outside its folder") as e:
+        pull(store, tmp_path / "machine-b" / "c", print, MlflowStore(back, sqlite=False))
+    assert f"{key!r}"[1:-1].split("/")[-1] in str(e.value) and "delete it from the bucket" in str(e.value)
+    assert not back.exists() and not Path("/tmp/x1-escaped-abs").exists()
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert written == [], written
+
+
+def test_a_hostile_file_name_in_a_remote_checkpoint_is_refused(s3env, tmp_path):
+    store = Store(RemoteURL.parse(s3env))
+    src = tmp_path / "a"
+    mirror = Mirror(store, src, keep_last=3, log=print).start()
+    mirror.checkpoint(_step(src, 4, mb=0.1))
+    assert mirror.drain(60)
+    mirror.close()
+    _put_raw(store, "step_0000004/..", b"owned\n")
+    with pytest.raises(X1Error, match=r"step_0000004/\.\. names '\.\.' would be written outside its folder"):
+        pull(store, tmp_path / "b", print)
+    assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith((".", "step_"))]
+
+
+@pytest.mark.parametrize("blob", [b"[1, 2, 3]", b"{half a ledger", b'"a string"',
+                                  json.dumps({"format": "x1-budget-ledger/1", "memory": {"spent_usd": 1e308 * 10}})
+                                  .encode()])
+def test_a_remote_ledger_that_is_not_one_is_set_aside_with_a_warning_not_a_crash(s3env, tmp_path, blob):
+    store = Store(RemoteURL.parse(s3env))
+    _put_raw(store, LEDGER_FILE, blob)
+    dst = tmp_path / "c"
+    dst.mkdir()
+    (dst / LEDGER_FILE).write_text(_ledger(2.0))
+    lines: list[str] = []
+    assert pull(store, dst, lines.append) is None
+    assert any("budget warning" in x and "not used" in x for x in lines), lines
+    assert json.loads((dst / LEDGER_FILE).read_text())["memory"]["spent_usd"] == 2.0
+    (aside,) = dst.glob(f"{LEDGER_FILE}.remote-bad-*")
+    assert aside.read_bytes() == blob
+
+
+def test_a_pulled_ledger_with_a_negative_earlier_bill_cannot_switch_the_cap_off(s3env, tmp_path):
+    """The reproduced case: $20 counted here, the sidecar reads $40, the cap is $35: exit-now. A bucket ledger
+    that counted "more" ($31) but carries earlier_machines_usd = -100 would make the guard add -100 to every
+    reading (an alert at $31 instead of exit-now): it is refused and the guard still says exit-now."""
+    from datetime import datetime, timezone
+
+    from x1_pretrain.budget.guard import Action, Limits, Progress, decide, parse
+    from x1_pretrain.budget.ledger import memory_from_json, read_memory
+
+    now = datetime(2026, 5, 23, 12, 0, tzinfo=timezone.utc)
+    reading = parse({"spent_usd": 40.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 30, "projected_total_usd": 41.0,
+                     "last_update_utc": "2026-05-23T12:00:00Z", "machine": "lambda:i-1"})
+    limits, progress = Limits(35.0, 30.0), Progress(10, 100, None)
+    dst = tmp_path / "c"
+    dst.mkdir()
+    local = {"format": "x1-budget-ledger/1", "cap_usd": 35.0,
+             "memory": {"spent_usd": 20.0, "machine": "lambda:i-1", "earlier_machines_usd": 0.0}}
+    (dst / LEDGER_FILE).write_text(json.dumps(local))
+    before, _ = decide(reading, limits, now, progress, read_memory(dst))
+    assert before.action == Action.EXIT_NOW
+    hostile = {"format": "x1-budget-ledger/1", "cap_usd": 35.0,
+               "memory": {"spent_usd": 31.0, "machine": "lambda:i-1", "earlier_machines_usd": -100.0}}
+    assert decide(reading, limits, now, progress, memory_from_json(hostile["memory"]))[0].action == Action.ALERT
+    store = Store(RemoteURL.parse(s3env))
+    _put_raw(store, LEDGER_FILE, json.dumps(hostile).encode())
+    lines: list[str] = []
+    pull(store, dst, lines.append)
+    assert any("memory.earlier_machines_usd = -100.0" in x for x in lines), lines
+    after, _ = decide(reading, limits, now, progress, read_memory(dst))
+    assert after.action == Action.EXIT_NOW and after.spent_usd >= 40.0

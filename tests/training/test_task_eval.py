@@ -52,7 +52,8 @@ def test_scores_are_logged_at_their_cadence_and_at_the_end():
     assert logged == {4, 8, 10}
     m = run.tracker.metrics[10]
     assert 0 <= m["eval/piqa/acc"] <= 1 and 0 <= m["eval/piqa/acc_norm"] <= 1
-    assert sum("tasks (acc/acc_norm, n=6): piqa" in line for line in log) == 3
+    assert sum("tasks (acc/acc_norm): piqa" in line and "(n=6 validation)" in line for line in log) == 3
+    assert m["eval/piqa/n"] == 6   # the items scored, for the manifest
     assert run.raw_model.training   # back in training mode after each evaluation
     # what the budget counts: the latest evaluation's time, and all three in the time spent evaluating
     cost = evaluator.cost()
@@ -112,7 +113,7 @@ def test_an_unknown_task_stops_the_trainer_before_it_starts(demo_data, tmp_path,
     assert code == 2 and "unknown task 'mmlu'; choose among hellaswag" in capsys.readouterr().err
 
 
-def test_the_trainer_logs_task_scores_to_mlflow(demo_data, tmp_path):
+def test_the_trainer_logs_task_scores_to_mlflow(demo_data, tmp_path, capfd):
     """End to end on the real sets (cached by make's set-up): at the cadence and at the final step."""
     from x1_pretrain import train
     from x1_pretrain.evals import sets
@@ -132,4 +133,9 @@ def test_the_trainer_logs_task_scores_to_mlflow(demo_data, tmp_path):
     # a share of the 4 items (3 at seq_len 32: one PIQA answer alone is longer and is skipped, as the harness would)
     assert sorted(acc) == [2, 4] and all(any(abs(v * n - round(v * n)) < 1e-9 for n in (3, 4)) for v in acc.values())
     assert [m.step for m in client.get_metric_history(rid, "eval/winogrande/acc")] == [2, 4]
+    # the items each task actually scored, recorded and printed per task (not the first task's n for all)
+    n = {t: [m.value for m in client.get_metric_history(rid, f"eval/{t}/n")] for t in ("piqa", "winogrande")}
+    assert n == {"piqa": [3.0, 3.0], "winogrande": [4.0, 4.0]}
+    out = "".join(capfd.readouterr())
+    assert "(n=3 validation, 1 skipped)" in out and "(n=4 validation)" in out
     assert client.get_metric_history(rid, "eval/winogrande/acc_norm") == []

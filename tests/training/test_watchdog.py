@@ -221,6 +221,33 @@ def test_a_crash_loop_is_not_relaunched_forever(tmp_path):
     assert [e["event"] for e in events][-2:] == ["crash_loop", "still_billing"]
 
 
+def test_a_store_down_at_start_is_relaunched_with_backoff_alerted_once_and_never_a_crash_loop(tmp_path, monkeypatch):
+    """Exit 8: the trainer waited checkpoint.remote_wait_min for its store and ended before any step. Three such
+    starts in a row (each would be a crash loop with exit 1: no step, no new checkpoint) are relaunched with the
+    growing backoff, alerted once, and the run goes on when the store is back."""
+    hook = JsonServer()
+    hook.route("/hook", {"ok": True})
+    monkeypatch.setenv("X1_SLACK_WEBHOOK_URL", hook.base + "/hook")
+    events = tmp_path / "events.jsonl"
+    try:
+        assert run_watchdog(fake_trainer(tmp_path, [8, 8, 8, 0], progress=False), "--events-file", str(events)) == 0
+    finally:
+        hook.close()
+    assert len(calls(tmp_path)) == 4 and all("--resume-from-latest" in c["argv"] for c in calls(tmp_path)[1:])
+    log = [json.loads(line) for line in events.read_text().splitlines()]
+    kinds = [e["event"] for e in log]
+    assert "crash_loop" not in kinds and kinds.count("store_unavailable") == 3
+    assert [e["backoff_s"] for e in log if e["event"] == "relaunched"] == [0.01, 0.02, 0.04]
+    assert [e["reason"] for e in log if e["event"] == "relaunched"] == [W.describe_exit(8)] * 3
+    texts = [b["text"] for b in hook.bodies("/hook")]
+    assert len([t for t in texts if "checkpoint store cannot be reached (exit 8)" in t]) == 1, texts
+    # the same starts with exit 1 stop at the second one: the crash-loop rule is for starts that trained
+    (tmp_path / "calls.jsonl").unlink()
+    assert run_watchdog(fake_trainer(tmp_path, [1, 1, 1, 0], progress=False)) == 1 and len(calls(tmp_path)) == 2
+    (tmp_path / "calls.jsonl").unlink()
+    assert run_watchdog(fake_trainer(tmp_path, [8, 1, 8, 1, 0], progress=False)) == 0 and len(calls(tmp_path)) == 5
+
+
 def test_a_stop_during_the_backoff_is_not_relaunched_and_says_the_machine_bills(tmp_path):
     """SIGTERM while the watchdog waits 60 s before a relaunch: it ends the wait at once, starts nothing, exits
     75 and records that nothing runs."""
@@ -270,22 +297,23 @@ def test_an_ending_that_leaves_the_machine_billing_alerts_with_the_rate(tmp_path
     assert f"still bills (exit {code})" in text and "$1.10/h ($26.40 a day)" in text
 
 
-def lambda_api(tmp_path, monkeypatch) -> tuple[JsonServer, list[str]]:
-    """A Lambda API on 127.0.0.1 with one instance (inst-a), and the watchdog flags that end its bill."""
+def lambda_api(tmp_path, monkeypatch, remote: str = "s3://x1-runs/unused") -> tuple[JsonServer, list[str]]:
+    """A Lambda API on 127.0.0.1 with one instance (inst-a), and the watchdog flags that end its bill (the
+    bundle to ``remote``)."""
     api = JsonServer()
     api.route("/api/v1/instances", {"data": [{"id": "inst-a", "status": "active", "instance_type": {
         "name": "gpu_1x_a100", "price_cents_per_hour": 110}}]})
     api.route("/api/v1/instance-operations/terminate", {"data": {"terminated_instances": [{"id": "inst-a"}]}})
     monkeypatch.setenv("LAMBDA_API_KEY", "sk-test")
     return api, ["--terminate-on-exit", "lambda", "--provider-base-url", api.base, "--export-to",
-                 str(tmp_path / "out")]
+                 str(tmp_path / "out"), "--bundle-remote", remote]
 
 
 def test_terminate_on_exit_after_a_crash_loop_ends_the_run_at_its_checkpoint_exports_and_terminates(
-        demo_data, tmp_path, monkeypatch):
+        demo_data, tmp_path, monkeypatch, s3, s3env):
     """A real run's checkpoints, then a trainer that crashes twice at the same place: with --terminate-on-exit
-    the run ends at its last complete checkpoint (final files, MLflow FINISHED), is exported, and only then
-    is the instance terminated."""
+    the run ends at its last complete checkpoint (final files, MLflow FINISHED), is exported and uploaded with
+    that checkpoint to the real S3 server, and only then is the instance terminated."""
     from mlflow import MlflowClient
 
     from x1_pretrain import train
@@ -296,13 +324,23 @@ def test_terminate_on_exit_after_a_crash_loop_ends_the_run_at_its_checkpoint_exp
     client.set_terminated(run.info.run_id, "FAILED")      # as a crashed trainer leaves it
     (ckpt / ck.FINAL_MODEL).unlink()
     (ckpt / "exit_status.json").unlink()
-    api, end = lambda_api(tmp_path, monkeypatch)
+    api, end = lambda_api(tmp_path, monkeypatch, s3env + "/bundle")
+    prefix, seen = s3env.split("/", 3)[3], []
+
+    def terminate(body: bytes) -> tuple[int, dict]:
+        seen.append(set(s3.keys(prefix)))   # what the bucket held when the request came
+        return 200, {"data": {"terminated_instances": [{"id": "inst-a"}]}}
+
+    api.route("/api/v1/instance-operations/terminate", terminate)
     try:
         assert run_watchdog(fake_trainer(tmp_path, [1, 1], places=[(5, 4), (5, 4)]), *end) == 1
         assert api.bodies("/api/v1/instance-operations/terminate") == [{"instance_ids": ["inst-a"]}]
     finally:
         api.close()
     assert (tmp_path / "out" / "manifest.json").is_file() and (ckpt / ck.FINAL_MODEL).is_file()
+    (there,) = seen
+    assert f"{prefix}/bundle/manifest.json" in there and f"{prefix}/bundle/x1-dir.json" in there
+    assert f"{prefix}/bundle/checkpoint/model.safetensors" in there and f"{prefix}/bundle/checkpoint/DONE" in there
     assert MlflowClient(f"sqlite:///{ckpt}/mlflow.db").get_run(run.info.run_id).info.status == "FINISHED"
 
 
@@ -365,6 +403,22 @@ def test_the_watchdog_ends_the_bill_only_when_the_run_is_over(tmp_path, monkeypa
     assert W_cli.main(["--terminate-on-exit", "lambda", "--", "x"]) == 2   # --export-to is required
 
 
+def test_terminate_on_exit_without_a_remote_is_refused_at_launch(tmp_path, capsys, monkeypatch):
+    """The export would sit on the instance's own disk, which the termination destroys: refused, and why."""
+    monkeypatch.setenv("LAMBDA_API_KEY", "sk-test")
+    train = [sys.executable, "-m", "x1_pretrain.train", "--ckpt-dir", str(tmp_path / "c")]
+    assert W_cli.main(["--terminate-on-exit", "lambda", "--export-to", str(tmp_path / "out"), "--", *train]) == 2
+    err = capsys.readouterr().err
+    assert "instance's own disk" in err and "--bundle-remote" in err and "--ckpt-remote" in err
+    assert W_cli.main(["--terminate-on-exit", "lambda", "--export-to", str(tmp_path / "out"), "--bundle-remote",
+                       "not-a-url", "--", *train]) == 2
+    assert "expected s3://BUCKET/PREFIX" in capsys.readouterr().err
+    # the train command's --ckpt-remote is the default remote: PREFIX/bundle
+    end = W_cli.options(W_cli.build_parser().parse_args(["--terminate-on-exit", "lambda", "--export-to", "o"]),
+                        [*train, "--ckpt-remote", "s3://x1-runs/exp/"]).end_of_bill
+    assert end is not None and end.bundle_remote == "s3://x1-runs/exp/bundle"
+
+
 def test_a_node_without_rank_0_is_not_taken_for_a_crash_loop(tmp_path):
     """On another machine of a multi-node job the steps are on rank 0's disk: its watchdog sees each start's
     trainer record an exit (as rank 1) but no progress, and must relaunch instead of calling it a crash loop
@@ -384,3 +438,30 @@ def test_a_node_without_rank_0_is_not_taken_for_a_crash_loop(tmp_path):
     """))
     assert run_watchdog([sys.executable, str(script), "--ckpt-dir", str(tmp_path / "ckpt")]) == 0
     assert len(calls(tmp_path)) == 4
+
+
+STATUS_PROBE = textwrap.dedent("""
+    import json, os, stat, sys
+    from pathlib import Path
+    from x1_pretrain.training.checkpoint import EXIT_STATUS_ENV, write_exit_status
+    write_exit_status(None, 3, "probe: a budget stop")   # what rank 0 records for its watchdog
+    path = Path(os.environ[EXIT_STATUS_ENV])
+    Path(sys.argv[-1]).joinpath("probe.json").write_text(json.dumps(
+        {"path": str(path), "mode": stat.S_IMODE(path.stat().st_mode)}))
+""")
+
+
+def test_the_exit_status_file_lives_in_the_runs_dir_for_its_owner_only(tmp_path):
+    """The trainer's exit code reaches its watchdog through a file in the checkpoint dir (created 0600 under a
+    permissive umask), not a predictable name in /tmp; the watchdog acts on it and removes it at the end."""
+    ckpt = tmp_path / "run" / "ckpt"   # not there yet: the watchdog makes it
+    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--",
+           sys.executable, "-c", STATUS_PROBE, "--ckpt-dir", str(ckpt)]
+    r = subprocess.run(["sh", "-c", 'umask 000; exec "$@"', "sh", *cmd], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 3, r.stderr[-2000:]   # the child exited 0; its recorded 3 is what counts
+    assert "recorded exit 3" in r.stderr
+    probe = json.loads((ckpt / "probe.json").read_text())
+    status = ckpt.resolve() / probe["path"].rsplit("/", 1)[-1]
+    assert probe["path"] == str(status) and status.name.startswith(".watchdog-") and probe["mode"] == 0o600
+    assert not status.exists()   # the watchdog's own file goes with it

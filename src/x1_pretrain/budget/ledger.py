@@ -7,13 +7,15 @@ unknown, and a bounded list of events (checks that warned, alerted or stopped; e
 written atomically after every check by the trainer's rank 0 (the only writer) and read by the watchdog.
 
 A missing ledger starts from the budget snapshot of the newest checkpoint (older runs), else from nothing;
-an unreadable one is set aside as ``budget_ledger.json.bad-<time>`` and named in a warning, never silently
-replaced.
+an unreadable one, or one whose money fields are not finite numbers of 0 or more (``problem_of``: a ledger may
+come from a bucket, and a negative ``earlier_machines_usd`` would lower every reading), is set aside as
+``budget_ledger.json.bad-<time>`` and named in a warning, never silently replaced.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from datetime import datetime, timezone
@@ -59,17 +61,58 @@ def memory_from_json(d: dict[str, Any]) -> Memory:
                                  for e in d.get("machines") or [] if isinstance(e, dict) and "machine" in e))
 
 
+_MONEY_KEYS = ("spent_usd", "rate_usd_per_hr", "launch_rate_usd_per_hr", "earlier_machines_usd")
+
+
+def _bad_number(v: Any) -> bool:
+    """Not absent and not a finite, non-negative number: a ledger with it could lower the spend the cap guards."""
+    if v is None:
+        return False
+    return isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
+
+
+def problem_of(data: Any, where: str) -> str | None:
+    """Why ``data`` (decoded JSON) is not an x1 ledger to trust, or None: a dict with the format field, whose money
+    fields (the memory's spend, rates, earlier machines' bill, each machine's bill, the cap) are finite and
+    non-negative. A ledger pulled from a bucket passes here before it is used."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return f"{where} is not an x1 budget ledger (a JSON object with format {FORMAT})"
+    memory = data.get("memory")
+    if memory is None:
+        memory = {}
+    if not isinstance(memory, dict):
+        return f"{where}: memory is {type(memory).__name__}, not an object"
+    numbers = {f"memory.{k}": memory.get(k) for k in _MONEY_KEYS} | {"cap_usd": data.get("cap_usd")}
+    machines = memory.get("machines") or []
+    if not isinstance(machines, list):
+        return f"{where}: memory.machines is not a list"
+    numbers |= {f"memory.machines[{i}].compute_usd": e.get("compute_usd") if isinstance(e, dict) else "?"
+                for i, e in enumerate(machines)}
+    bad = [f"{k} = {v!r}" for k, v in numbers.items() if _bad_number(v)]
+    if bad:
+        return f"{where}: {', '.join(bad)} (money must be a finite number, 0 or more)"
+    return None
+
+
+def parse_text(text: str | bytes, where: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the ledger, None) or (None, the problem) for a ledger's bytes, from this disk or a bucket."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        return None, f"{where} cannot be read ({type(e).__name__}: {e})"
+    problem = problem_of(data, where)
+    return (None, problem) if problem else (data, None)
+
+
 def read(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(the ledger's JSON, None), (None, None) when there is none, or (None, the problem)."""
     try:
-        data = json.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         return None, None
     except (OSError, ValueError) as e:
         return None, f"{path} cannot be read ({type(e).__name__}: {e})"
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        return None, f"{path} is not an x1 budget ledger (format {FORMAT})"
-    return data, None
+    return parse_text(text, str(path))
 
 
 def read_memory(ckpt_dir: Path) -> Memory:
@@ -90,6 +133,7 @@ class Ledger:
         self.created_utc: str | None = None
         self.run_started_utc: str | None = None   # the run's first start (--budget-max-hours counts from it)
         self.on_saved: Any = None                 # called after each write (the checkpoint mirror uploads it)
+        self.unsaved = 0                          # writes failed since the last one that succeeded (a full disk)
 
     def load(self, fallback: dict[str, Any] | None = None) -> Memory:
         """The memory in the ledger, else in ``fallback`` (a checkpoint's budget snapshot), else empty."""
@@ -142,7 +186,13 @@ class Ledger:
         try:
             write_text_atomic(self.path, json.dumps(blob, indent=1) + "\n")
         except OSError as e:  # a full disk must not stop the guard: it still has the memory in this process
-            self._log(f"budget warning: cannot write {self.path} ({e.strerror or e})")
+            if not self.unsaved:   # one warning an episode; the guard goes on from its memory in this process
+                self._log(f"budget warning: cannot write {self.path} ({e.strerror or e}); the guard goes on from "
+                          "its memory in this process and writes the ledger again when it can")
+            self.unsaved += 1
             return
+        if self.unsaved:
+            self._log(f"budget: {self.path} written again ({self.unsaved} write(s) skipped)")
+            self.unsaved = 0
         if self.on_saved is not None:
             self.on_saved()

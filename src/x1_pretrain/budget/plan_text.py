@@ -41,7 +41,7 @@ def render(plan: Plan, config_path: str, steps_source: str) -> str:
     else:
         out += ["", f"throughput at MFU {mfu:.2f} (assumed; --tokens-per-s to use a measured figure)",
                 f"  tokens/s     {plan.tokens_per_s:,.0f} (the lab's 6N accounting would claim "
-                f"{plan.tokens_per_s * fpt.honest / fpt.lab_6n:,.0f} at the same MFU: ERRATA 1)"]
+                f"{plan.tokens_per_s * fpt.honest / fpt.lab_6n:,.0f} at the same MFU: docs/errata.md, 1)"]
     out.append(f"  steps/hour   {plan.steps_per_hour:,.1f} of {plan.tokens_per_step:,} tokens")
     out += ["", f"run: {plan.steps:,} steps = {_b(plan.tokens)} tokens ({steps_source})",
             f"  time         {plan.hours:,.1f} h of training" + (" (task evals included)" if plan.eval_s else "")]

@@ -1,4 +1,5 @@
-"""Reading budget.json from a path, a ``file://`` URI or an ``http(s)://`` URL, with a total deadline.
+"""Reading budget.json from a path, a ``file://`` URI or an ``http(s)://`` URL, with a total deadline (an
+http(s) read sends ``$X1_BUDGET_TOKEN`` / ``$X1_BUDGET_TOKEN_FILE`` as a bearer token: ``budget_serve``).
 Never raises: every fault is a :class:`~x1_pretrain.budget.guard.Reading` with the problem named (and the
 URL's secrets masked)."""
 
@@ -8,8 +9,10 @@ import json
 from pathlib import Path
 
 from ..core import redact
+from ..core.errors import X1Error
 from ..core.http import HttpError, request
 from .guard import Reading, parse
+from .serve import TOKEN_ENV, TOKEN_FILE_ENV, token_from_env
 
 DEADLINE_S = 10.0
 
@@ -18,10 +21,16 @@ def read_text(uri: str, deadline_s: float = DEADLINE_S) -> tuple[str | None, str
     """(text, None) or (None, problem) for a budget source."""
     shown = redact.url(uri)
     if uri.startswith(("http://", "https://")):
+        try:   # the bearer token of a budget_serve (from the environment: never on a command line)
+            token = token_from_env()
+        except X1Error as e:
+            return None, f"{shown} cannot be read: {e}"
         try:
-            return request(uri, deadline_s).body.decode(), None
+            headers = {"Authorization": f"Bearer {token}"} if token else None
+            return request(uri, deadline_s, headers=headers).body.decode(), None
         except HttpError as e:
-            return None, f"{shown} cannot be read ({redact.scrub(str(e), uri)})"
+            hint = "" if token or e.status != 401 else f" (set {TOKEN_ENV} or {TOKEN_FILE_ENV})"
+            return None, f"{shown} cannot be read ({redact.scrub(str(e), uri)}){hint}"
         except UnicodeDecodeError as e:
             return None, f"{shown} is not text ({e.reason})"
     path = Path(uri[len("file://"):]) if uri.startswith("file://") else Path(uri)

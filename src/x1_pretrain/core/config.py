@@ -127,6 +127,7 @@ class CheckpointConfig:
     keep_last: int = 3               # complete step_* dirs kept (plus any holding a PIN file)
     async_save: bool = True          # write on a background thread after a CPU snapshot
     remote: str | None = None        # s3://BUCKET/PREFIX: mirror each checkpoint there (--ckpt-remote; docs/running.md)
+    remote_wait_min: float = 30.0    # minutes a resume with nothing local waits for an unreachable remote; then exit 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -359,6 +360,9 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
         p.append(f"checkpoint.every_steps: must be positive, got {c.every_steps}")
     if c.every_min < 0:
         p.append(f"checkpoint.every_min: must be >= 0 (0 turns the wall-clock cadence off), got {c.every_min}")
+    if not 0 <= c.remote_wait_min <= 24 * 60:
+        p.append(f"checkpoint.remote_wait_min: must be between 0 (no wait: exit 8 at once) and 1440 minutes, got "
+                 f"{c.remote_wait_min}")
     if c.remote is not None and not re.match(r"^s3://[^/]+", c.remote):
         p.append(f"checkpoint.remote: expected s3://BUCKET/PREFIX (or null: no mirror), got {c.remote!r}")
     if t.min_tokens_per_s_window_min < 0:
@@ -502,8 +506,8 @@ OPERATIONAL_KEYS = frozenset({
     "train.compile", "train.compile_mode", "train.device", "train.min_tokens_per_s", "train.throughput_window",
     "train.min_tokens_per_s_window_min", "train.min_tokens_per_s_always",
     "checkpoint.every_steps", "checkpoint.every_min", "checkpoint.keep_last", "checkpoint.async_save",
-    "checkpoint.remote", "spike.ema_alpha", "spike.baseline_steps", "spike.loss_sigma", "spike.min_loss_jump",
-    "spike.grad_factor", "spike.grad_window",
+    "checkpoint.remote", "checkpoint.remote_wait_min", "spike.ema_alpha", "spike.baseline_steps", "spike.loss_sigma",
+    "spike.min_loss_jump", "spike.grad_factor", "spike.grad_window",
     # how the same computation runs: the state fits either way (a change is logged; bitwise resume needs none)
     "train.fused_loss", "train.loss_chunk_tokens", "train.bf16_residual", "train.compile_scope",
     "train.deterministic", "train.sdpa_cudnn", "train.eval_tasks", "train.eval_tasks_every", "train.eval_tasks_limit",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Exit codes of the CLIs. The watchdog relaunches EXIT_INTERRUPTED, EXIT_CHECKPOINT_FAILED and EXIT_UNEXPECTED.
+# Exit codes of the CLIs. The watchdog relaunches EXIT_INTERRUPTED, EXIT_CHECKPOINT_FAILED, EXIT_STORE_UNAVAILABLE
+# and EXIT_UNEXPECTED.
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_USAGE = 2
@@ -12,7 +13,8 @@ EXIT_BUDGET_CHECKPOINT = 3
 EXIT_BUDGET_NOW = 4
 EXIT_DIVERGED = 5
 EXIT_SLOW = 6
-EXIT_CHECKPOINT_FAILED = 7  # the final or the stop checkpoint could not be written (the last good one stays)
+EXIT_CHECKPOINT_FAILED = 7  # the final or the stop checkpoint could not be written: the full-disk code
+EXIT_STORE_UNAVAILABLE = 8  # the checkpoint store could not be reached at start (after checkpoint.remote_wait_min)
 EXIT_INTERRUPTED = 75
 EXIT_ABORTED = 130  # a second SIGINT: stopped at once, no checkpoint
 
@@ -42,8 +44,12 @@ EXIT_CODES = (
     ExitCode(EXIT_SLOW, "throughput below floor",
              "throughput below --min-tokens-per-s (in the first --min-tokens-per-s-window-min minutes)", False),
     ExitCode(EXIT_CHECKPOINT_FAILED, "the final or stop checkpoint could not be written (the last good one is kept)",
-             "the final or the stop checkpoint could not be written (a full disk); the last complete one stays "
-             "latest", True),
+             "the final or the stop checkpoint could not be written (a full disk; or another write the run cannot "
+             "skip); the last complete one stays latest, and the watchdog waits for free space before it "
+             "relaunches", True),
+    ExitCode(EXIT_STORE_UNAVAILABLE, "the checkpoint store could not be reached at start",
+             "the checkpoint store (--ckpt-remote) could not be reached at start within checkpoint.remote_wait_min "
+             "minutes, with nothing local to resume from", True),
     ExitCode(EXIT_INTERRUPTED, "interrupted after a checkpoint",
              "interrupted by SIGTERM/SIGINT/SIGHUP (a closed terminal) after a clean checkpoint", True),
     ExitCode(EXIT_ABORTED, "aborted by a second SIGINT", "aborted by a second SIGINT (no checkpoint)", False),

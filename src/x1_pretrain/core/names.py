@@ -77,7 +77,7 @@ METRICS = frozenset({
 })
 
 
-EVAL_TASK_PREFIX = "eval/"   # eval/<task>/acc and eval/<task>/acc_norm: the in-loop task scores
+EVAL_TASK_PREFIX = "eval/"   # eval/<task>/acc, eval/<task>/acc_norm and eval/<task>/n (items scored): in-loop
 
 
 def eval_task_metric(task: str, metric: str) -> str:

@@ -22,6 +22,7 @@ SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"
 AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
               "AuthorizationHeaderMalformed", "InvalidSecurity", "403", "Forbidden", "Unauthorized", "401"}
 MISSING_KEY_CODES = {"NoSuchKey", "404", "NotFound"}
+CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412"}   # a conditional write that lost
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]$")
 # the fix named in every credential error
 CREDENTIALS_FIX = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for R2, B2, MinIO or "
@@ -57,7 +58,8 @@ class RemoteURL:
 
 class StoreError(Exception):
     """A store call that failed. ``kind``: ``auth`` (credentials refused or missing), ``bucket`` (no such bucket),
-    ``unreachable`` (connection, timeout, a 5xx: worth retrying) or ``other``."""
+    ``unreachable`` (connection, timeout, a 5xx: worth retrying), ``conflict`` (a conditional write lost: the
+    object changed since it was read, or exists already) or ``other``."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
@@ -106,6 +108,8 @@ def classify(e: BaseException) -> StoreError:
             return StoreError("auth", text)
         if code == "NoSuchBucket":
             return StoreError("bucket", text)
+        if code in CONFLICT_CODES or status == 412:
+            return StoreError("conflict", text)
         if status >= 500 or code in ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable"):
             return StoreError("unreachable", text)
         return StoreError("other", text)
@@ -190,8 +194,48 @@ class Store:
             raise
         return int(out.get("ContentLength", 0)), dict(out.get("Metadata") or {})
 
-    def put_bytes(self, data: bytes, rel: str) -> None:
-        self._call(self.client.put_object, Bucket=self.url.bucket, Key=self.url.key(rel), Body=data)
+    def put_bytes(self, data: bytes, rel: str, if_match: str | None = None, if_none_match: bool = False,
+                  metadata: dict[str, str] | None = None) -> None:
+        """Write an object; ``if_match`` (an ETag read before) or ``if_none_match`` (the key must not exist) make
+        it conditional: a write that lost the race is a StoreError of kind ``conflict`` and changes nothing."""
+        extra: dict[str, Any] = {"Metadata": metadata} if metadata else {}
+        if if_match is not None:
+            extra["IfMatch"] = if_match
+        if if_none_match:
+            extra["IfNoneMatch"] = "*"
+        self._call(self.client.put_object, Bucket=self.url.bucket, Key=self.url.key(rel), Body=data, **extra)
+
+    def get_tagged(self, rel: str) -> tuple[bytes, str] | None:
+        """(bytes, ETag) of an object, for a conditional write after it; None when there is no such key."""
+        try:
+            out = self._call(self.client.get_object, Bucket=self.url.bucket, Key=self.url.key(rel))
+        except StoreError as e:
+            if e.detail.split(":")[0] in MISSING_KEY_CODES:
+                return None
+            raise
+        return out["Body"].read(), str(out.get("ETag", ""))
+
+    def abort_uploads(self, started_before: float, mine: Any = None) -> list[str]:
+        """Abort the multipart uploads under this prefix (and only there) started before ``started_before``
+        (unix seconds) whose relative key ``mine(rel)`` accepts (default: all): what a killed process left,
+        whose parts are billed until aborted. Returns their relative keys."""
+        prefix = self.url.key("") if self.url.prefix else ""
+        done: list[str] = []
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.url.bucket, Prefix=prefix)
+        try:
+            uploads = [u for page in pages for u in page.get("Uploads", [])]
+        except Exception as e:
+            raise classify(e) from None
+        for u in uploads:
+            initiated = u.get("Initiated")
+            when = initiated.timestamp() if hasattr(initiated, "timestamp") else 0.0
+            if not str(u["Key"]).startswith(prefix) or when >= started_before or (
+                    mine is not None and not mine(self.url.rel(u["Key"]))):
+                continue
+            self._call(self.client.abort_multipart_upload, Bucket=self.url.bucket, Key=u["Key"],
+                       UploadId=u["UploadId"])
+            done.append(self.url.rel(u["Key"]))
+        return done
 
     def get_bytes(self, rel: str) -> bytes | None:
         """The object's bytes, or None when there is no such key."""
@@ -233,21 +277,30 @@ class Store:
                                  scrub(f"{code}: {errors[0].get('Message', '')} ({len(errors)} key(s) not deleted)"))
 
 
+def launch_error(store: Store, e: StoreError) -> X1Error | None:
+    """What a failed check means to the user (exit 2 naming the fix), or None for ``unreachable``: the only kind
+    that waiting can mend (a connection refused or timed out, a 5xx)."""
+    if e.kind == "auth":
+        return X1Error(f"--ckpt-remote {store.url}: the store at {store.endpoint()} refused the credentials "
+                       f"({e.detail}); {CREDENTIALS_FIX}")
+    if e.kind == "bucket":
+        return X1Error(f"--ckpt-remote {store.url}: {e.detail}; create the bucket first (aws s3 mb "
+                       f"s3://{store.url.bucket}, or the provider's console) or fix the name")
+    if e.kind == "other":
+        return X1Error(f"--ckpt-remote {store.url}: the store at {store.endpoint()} refused the check ({e.detail});"
+                       " check AWS_DEFAULT_REGION (the bucket's region; R2: auto) and AWS_ENDPOINT_URL")
+    return None
+
+
 def launch_check(store: Store, log: Any) -> bool:
     """At launch: refused credentials or a missing bucket are an X1Error (exit 2) naming the fix; a store that
     cannot be reached is a warning (the mirror catches up later). True when the store answered."""
     try:
         store.check()
     except StoreError as e:
-        if e.kind == "auth":
-            raise X1Error(f"--ckpt-remote {store.url}: the store at {store.endpoint()} refused the credentials "
-                          f"({e.detail}); {CREDENTIALS_FIX}") from None
-        if e.kind == "bucket":
-            raise X1Error(f"--ckpt-remote {store.url}: {e.detail}; create the bucket first (aws s3 mb "
-                          f"s3://{store.url.bucket}, or the provider's console) or fix the name") from None
-        if e.kind == "other":
-            raise X1Error(f"--ckpt-remote {store.url}: the store at {store.endpoint()} refused the check ({e.detail});"
-                          " check AWS_DEFAULT_REGION (the bucket's region; R2: auto) and AWS_ENDPOINT_URL") from None
+        err = launch_error(store, e)
+        if err is not None:
+            raise err from None
         log(f"WARNING: --ckpt-remote {store.url} cannot be reached now ({e.detail}); training goes on with local "
             "checkpoints and the mirror catches up when the store answers")
         return False

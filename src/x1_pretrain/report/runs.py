@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import X1Error
+from ..core import redact
+from ..core.errors import EXIT_UNEXPECTED, X1Error
 from ..core.names import EXPERIMENT
 
 
@@ -24,9 +25,15 @@ class MetricPoint:
     timestamp_ms: int
 
 
+class StoreUnreadable(X1Error):
+    """The store answered with an error or not at all (exit 1: worth another try); no secret in the text."""
+
+    exit_code = EXIT_UNEXPECTED
+
+
 @dataclass
 class RunRecord:
-    uri: str
+    uri: str          # the store as it may be shown: userinfo and query values masked (redact.url)
     run_id: str
     experiment_id: str
     experiment_name: str
@@ -52,19 +59,19 @@ def store_uri(uri: str) -> str:
     if uri.startswith("file:") or "://" not in uri:
         path = Path(uri[len("file://"):] if uri.startswith("file://") else uri.removeprefix("file:"))
         if not path.is_dir():
-            raise X1Error(f"--mlflow-uri {uri}: {path} is not a directory; give the store the trainer logged to "
-                          "(its --mlflow-uri, e.g. file:///workspace/mlruns)")
+            raise X1Error(f"--mlflow-uri {redact.url(uri)}: {path} is not a directory; give the store the trainer "
+                          "logged to (its --mlflow-uri, e.g. file:///workspace/mlruns)")
         os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
         return path.resolve().as_uri()
     if uri.startswith("sqlite:///"):
         path = Path(uri[len("sqlite:///"):])
         if not path.is_file():
-            raise X1Error(f"--mlflow-uri {uri}: {path} does not exist; the trainer's default store is "
+            raise X1Error(f"--mlflow-uri {redact.url(uri)}: {path} does not exist; the trainer's default store is "
                           "sqlite:///<ckpt-dir>/mlflow.db")
         return uri
     if uri.startswith(("http://", "https://", "postgresql", "mysql", "databricks")):
         return uri
-    raise X1Error(f"--mlflow-uri {uri!r}: expected file:///path, sqlite:///path.db or http(s)://host")
+    raise X1Error(f"--mlflow-uri {redact.url(uri)!r}: expected file:///path, sqlite:///path.db or http(s)://host")
 
 
 def _client(uri: str) -> Any:
@@ -76,6 +83,7 @@ def _client(uri: str) -> Any:
 
 
 def _pick_run(client: Any, uri: str, run_id: str | None, experiment: str) -> Any:
+    """The run to read; ``uri`` is the store as shown (redacted)."""
     if run_id:
         try:
             return client.get_run(run_id)
@@ -98,15 +106,23 @@ def _pick_run(client: Any, uri: str, run_id: str | None, experiment: str) -> Any
 def load_run(uri: str, run_id: str | None = None, experiment: str = EXPERIMENT) -> RunRecord:
     """The run (``run_id``, or the latest finished run of ``experiment``) with every metric point."""
     uri = store_uri(uri)
-    client = _client(uri)
-    run = _pick_run(client, uri, run_id, experiment)
-    info = run.info
-    exp = client.get_experiment(info.experiment_id)
-    points: list[MetricPoint] = []
-    for name in sorted(run.data.metrics):
-        for m in client.get_metric_history(info.run_id, name):
-            points.append(MetricPoint(name, int(m.step), float(m.value), int(m.timestamp)))
-    return RunRecord(uri=uri, run_id=info.run_id, experiment_id=info.experiment_id, experiment_name=exp.name,
+    shown = redact.url(uri) or uri
+    try:
+        client = _client(uri)
+        run = _pick_run(client, shown, run_id, experiment)
+        info = run.info
+        exp = client.get_experiment(info.experiment_id)
+        points: list[MetricPoint] = []
+        for name in sorted(run.data.metrics):
+            for m in client.get_metric_history(info.run_id, name):
+                points.append(MetricPoint(name, int(m.step), float(m.value), int(m.timestamp)))
+    except X1Error:
+        raise
+    except Exception as e:   # MLflow's messages carry the request URL, userinfo included
+        why = redact.scrub(f"{type(e).__name__}: {e}", uri)[:300]
+        raise StoreUnreadable(f"--mlflow-uri {shown} could not be read ({why}); check the address and the "
+                              "credentials (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)") from None
+    return RunRecord(uri=shown, run_id=info.run_id, experiment_id=info.experiment_id, experiment_name=exp.name,
                      run_name=info.run_name or "", status=info.status, start_ms=info.start_time,
                      end_ms=info.end_time, params=dict(run.data.params), tags=dict(run.data.tags), metrics=points)
 

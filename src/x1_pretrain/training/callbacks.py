@@ -14,7 +14,7 @@ from typing import Any
 
 from ..core import names as N
 from ..core.errors import EXIT_INTERRUPTED, EXIT_SLOW
-from .checkpoint import write_progress
+from .checkpoint import PROGRESS, write_progress
 from .loop import Callback, LoopState, Outcome, Run, StepReport, Verdict, evaluate_and_tell, save_and_tell
 
 
@@ -117,12 +117,15 @@ class ThroughputFloor(Callback):
 
 class ProgressFile(Callback):
     """Keeps ``progress.json`` in the checkpoint dir current for the watchdog: at the first step, every
-    ``train.log_every`` steps and after each checkpoint."""
+    ``train.log_every`` steps and after each checkpoint. A write that fails (a full disk) is skipped, with one
+    warning per episode of failures and one line when it is written again: the file is the watchdog's view of
+    the run, never a reason to stop it."""
 
     def __init__(self, ckpt_dir: Path, started: float, checkpointer: Any) -> None:
         self.dir, self.started, self.ckpt = ckpt_dir, started, checkpointer
         self.first_step_started: float | None = None
         self.first_step_s: float | None = None
+        self.failing = 0   # writes skipped since the last one that succeeded
 
     def after_step(self, run: Run, state: LoopState, report: StepReport) -> Verdict | None:
         first = self.first_step_started is None
@@ -137,9 +140,20 @@ class ProgressFile(Callback):
         self._write(run, state)
 
     def _write(self, run: Run, state: LoopState) -> None:
-        write_progress(self.dir, {
-            "pid": os.getpid(), "step": state.step, "time_unix": time.time(), "started_unix": self.started,
-            "first_step_started_unix": self.first_step_started, "first_step_s": self.first_step_s,
-            "last_checkpoint_step": self.ckpt.last_saved_step, "total_steps": run.cfg.train.total_steps,
-        })
+        try:
+            write_progress(self.dir, {
+                "pid": os.getpid(), "step": state.step, "time_unix": time.time(), "started_unix": self.started,
+                "first_step_started_unix": self.first_step_started, "first_step_s": self.first_step_s,
+                "last_checkpoint_step": self.ckpt.last_saved_step, "total_steps": run.cfg.train.total_steps,
+            })
+        except OSError as e:
+            if not self.failing:
+                run.console(f"warning: {self.dir / PROGRESS} could not be written at step {state.step} "
+                            f"({e.strerror or e}); training goes on and skips it until it can be written")
+            self.failing += 1
+            return
+        if self.failing:
+            run.console(f"{self.dir / PROGRESS} is written again at step {state.step} "
+                        f"({self.failing} write(s) skipped)")
+            self.failing = 0
 

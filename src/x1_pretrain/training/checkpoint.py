@@ -1,10 +1,14 @@
 """Atomic checkpoints: ``step_<7 digits>/`` with ``model.safetensors`` (fp32 master weights under
-transformers-Llama names), ``optimizer.pt``, ``trainer_state.json`` and a ``DONE`` marker written last.
+transformers-Llama names), the optimizer state as ``optimizer.safetensors`` (every tensor, by its place in the
+state dict) + ``optimizer.json`` (the rest: param groups, scalars), ``trainer_state.json`` and a ``DONE`` marker
+written last.
 
 A checkpoint is written into a hidden temporary directory, fsynced, and renamed into place; only then
 is ``latest`` (a one-line text file naming the directory) replaced. A directory without ``DONE``, or
 whose files fail the sha256 recorded in its ``trainer_state.json``, does not exist for resume.
-Loading unpickles nothing except through ``torch.load(weights_only=True)``.
+Loading unpickles nothing: a checkpoint may come from a bucket or another rank. The ``optimizer.pt`` of older
+x1 checkpoints is read only where torch is 2.6 or later (``torch.load(weights_only=True)`` before 2.6 can run
+code from a crafted file: CVE-2025-32434); older torch is refused with the fix.
 """
 
 from __future__ import annotations
@@ -32,9 +36,14 @@ from ..core.fileio import fsync_dir as _fsync_dir
 from ..core.fileio import pid_alive, replace_dir, sha256_file, write_text_atomic
 
 STEP_RE = re.compile(r"^step_(\d{7})$")
-MODEL_FILE, OPTIM_FILE, STATE_FILE, DONE_FILE, PIN_FILE = (
-    "model.safetensors", "optimizer.pt", "trainer_state.json", "DONE", "PIN")
-LATEST, FINAL_MODEL, FINAL_OPTIM, PROGRESS = "latest", "final.safetensors", "final-optimizer.pt", "progress.json"
+MODEL_FILE, OPTIM_FILE, OPTIM_META, STATE_FILE, DONE_FILE, PIN_FILE = (
+    "model.safetensors", "optimizer.safetensors", "optimizer.json", "trainer_state.json", "DONE", "PIN")
+LEGACY_OPTIM = "optimizer.pt"     # x1 before the safetensors optimizer: read only on torch >= 2.6
+LATEST, FINAL_MODEL, FINAL_OPTIM, FINAL_OPTIM_META, PROGRESS = (
+    "latest", "final.safetensors", "final-optimizer.safetensors", "final-optimizer.json", "progress.json")
+FINAL_OPTIM_PT = "final-optimizer.pt"   # the lab's shutdown list names it: written here, never read by x1
+OPTIM_FORMAT = "x1-optimizer/1"
+SAFE_TORCH_LOAD = (2, 6)          # the first torch whose weights_only=True load is safe (CVE-2025-32434)
 
 
 def step_dir_name(step: int) -> str:
@@ -79,6 +88,99 @@ def to_cpu(obj: Any) -> Any:
     return obj
 
 
+# --- optimizer state without pickle: tensors in safetensors, the rest in JSON ---------------------------------
+def flatten_optimizer(state: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(tensors by a name that is their place in ``state``, the JSON of everything else). Tuples, dicts with
+    non-string keys (the parameter ids) and tensors are spelled so that ``unflatten_optimizer`` gives back the
+    same structure, the same dtypes and the same bits."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def enc(obj: Any, where: str) -> Any:
+        if isinstance(obj, torch.Tensor):
+            if where in tensors:
+                raise ValueError(f"optimizer state: two tensors at {where}")
+            tensors[where] = obj
+            return {"__tensor__": where}
+        if isinstance(obj, dict):
+            if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+                return {k: enc(v, f"{where}/{k}") for k, v in obj.items()}
+            for k in obj:
+                if isinstance(k, bool) or not isinstance(k, (int, str)):
+                    raise TypeError(f"optimizer state: key {k!r} at {where} is neither int nor str")
+            return {"__items__": [[k, enc(v, f"{where}/{k}")] for k, v in obj.items()]}
+        if isinstance(obj, (list, tuple)):
+            items = [enc(v, f"{where}/{i}") for i, v in enumerate(obj)]
+            return {"__tuple__": items} if isinstance(obj, tuple) else items
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        raise TypeError(f"optimizer state: {type(obj).__name__} at {where} cannot be stored without pickle")
+
+    return tensors, {"format": OPTIM_FORMAT, "state_dict": enc(state, "o")}
+
+
+def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: Any, where: Path) -> dict[str, Any]:
+    """The optimizer's state dict from ``flatten_optimizer``'s two parts; a part that does not fit is X1Error."""
+    if not isinstance(meta, dict) or meta.get("format") != OPTIM_FORMAT:
+        raise X1Error(f"{where}: not x1 optimizer state (format {OPTIM_FORMAT}); the checkpoint is damaged or "
+                      "not x1's: resume from another one")
+
+    def dec(obj: Any) -> Any:
+        if isinstance(obj, list):
+            return [dec(v) for v in obj]
+        if not isinstance(obj, dict):
+            return obj
+        if set(obj) == {"__tensor__"}:
+            if obj["__tensor__"] not in tensors:
+                raise X1Error(f"{where}: the optimizer state names a tensor {str(obj['__tensor__'])[:80]!r} its "
+                              "safetensors file lacks; the checkpoint is damaged: resume from another one")
+            return tensors[obj["__tensor__"]]
+        if set(obj) == {"__tuple__"} and isinstance(obj["__tuple__"], list):
+            return tuple(dec(v) for v in obj["__tuple__"])
+        if set(obj) == {"__items__"} and isinstance(obj["__items__"], list):
+            return {k: dec(v) for k, v in obj["__items__"]}
+        return {k: dec(v) for k, v in obj.items()}
+
+    try:
+        out = dec(meta.get("state_dict"))
+    except (TypeError, ValueError) as e:
+        raise X1Error(f"{where}: the optimizer state cannot be read ({e}); resume from another checkpoint") from None
+    if not isinstance(out, dict):
+        raise X1Error(f"{where}: the optimizer state is not a state dict; resume from another checkpoint")
+    return out
+
+
+def _torch_version() -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _load_legacy_optimizer(path: Path, map_location: Any) -> dict[str, Any]:
+    """An ``optimizer.pt`` of an older x1 checkpoint: a pickle, read only where torch's guard holds."""
+    if _torch_version() < SAFE_TORCH_LOAD:
+        raise X1Error(f"{path}: this checkpoint's optimizer state is a pickle ({LEGACY_OPTIM}, written by an older "
+                      f"x1): it cannot be loaded safely with torch {torch.__version__}: before 2.6, "
+                      "torch.load(weights_only=True) can run code hidden in the file (CVE-2025-32434), and a "
+                      "checkpoint may come from a bucket or another machine. Fix: resume this checkpoint once "
+                      "with torch >= 2.6 (the next checkpoint is written as optimizer.safetensors + "
+                      "optimizer.json, which any torch reads), or resume from a checkpoint this x1 wrote")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # a pickle that is not plain tensors/containers is refused here
+        raise X1Error(f"{path}: optimizer state cannot be loaded safely ({type(e).__name__}: {e})") from None
+
+
+def save_optimizer(state: dict[str, Any], tensors_path: Path, meta_path: Path) -> dict[str, str]:
+    """Write the optimizer state as safetensors + JSON (each fsynced); returns {file name: sha256}."""
+    tensors, meta = flatten_optimizer(state)
+    out = {tensors_path.name: safetensors_io.save(tensors, tensors_path, {"format": "pt"})}
+    with open(meta_path, "w") as f:
+        f.write(json.dumps(meta, sort_keys=True))
+        f.flush()
+        os.fsync(f.fileno())
+    out[meta_path.name] = sha256_file(meta_path)
+    return out
+
+
 @dataclass
 class StepSnapshot:
     step: int
@@ -102,18 +204,21 @@ def write_step_dir(ckpt_dir: Path, snap: StepSnapshot) -> tuple[Path, int]:
         raise
     replace_dir(tmp, final)   # the same step may be saved again (e.g. a stop right after a periodic save)
     _fsync_dir(ckpt_dir)
-    write_text_atomic(ckpt_dir / LATEST, final.name + "\n")
+    try:
+        write_text_atomic(ckpt_dir / LATEST, final.name + "\n")
+    except OSError:
+        # a full disk can refuse even these few bytes: the step dir goes (its space freed), the previous one
+        # stays ``latest`` and the newest complete checkpoint, as after any failed write
+        if read_latest(ckpt_dir) != final.name:
+            shutil.rmtree(final, ignore_errors=True)
+        raise
     size = sum(p.stat().st_size for p in final.iterdir())
     return final, size
 
 
 def _fill_step_dir(tmp: Path, snap: StepSnapshot) -> None:
     files = {MODEL_FILE: safetensors_io.save(snap.model, tmp / MODEL_FILE, {"format": "pt"})}
-    with open(tmp / OPTIM_FILE, "wb") as f:
-        torch.save(snap.optimizer, f)
-        f.flush()
-        os.fsync(f.fileno())
-    files[OPTIM_FILE] = sha256_file(tmp / OPTIM_FILE)
+    files |= save_optimizer(snap.optimizer, tmp / OPTIM_FILE, tmp / OPTIM_META)
     state = {**snap.state, "files": files}
     state_text = json.dumps(state, indent=1, sort_keys=True)
     with open(tmp / STATE_FILE, "w") as f:
@@ -128,17 +233,42 @@ def _fill_step_dir(tmp: Path, snap: StepSnapshot) -> None:
 
 
 def write_final_files(ckpt_dir: Path, step_dir: Path) -> dict[str, str]:
-    """``final.safetensors`` and ``final-optimizer.pt`` beside the step dirs (the lab's shutdown list)."""
+    """The final files beside the step dirs (the lab's shutdown list): ``final.safetensors``, the optimizer as
+    ``final-optimizer.safetensors`` + ``final-optimizer.json`` (what x1 reads), and ``final-optimizer.pt``, the
+    name the lab's checklist gives, written by ``torch.save`` from that state (plain tensors and containers)
+    for tools that want one file; x1 never reads it."""
+    pairs = [(MODEL_FILE, FINAL_MODEL)]
+    legacy = not (step_dir / OPTIM_FILE).is_file() and (step_dir / LEGACY_OPTIM).is_file()
+    pairs += [(LEGACY_OPTIM, FINAL_OPTIM_PT)] if legacy else [(OPTIM_FILE, FINAL_OPTIM), (OPTIM_META, FINAL_OPTIM_META)]
     out = {}
-    for src, name in ((MODEL_FILE, FINAL_MODEL), (OPTIM_FILE, FINAL_OPTIM)):
+    for src, name in pairs:
         tmp = ckpt_dir / f".{name}.tmp-{os.getpid()}"
-        shutil.copyfile(step_dir / src, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, ckpt_dir / name)
+        try:
+            shutil.copyfile(step_dir / src, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, ckpt_dir / name)
+        finally:
+            tmp.unlink(missing_ok=True)   # left only by a failed copy (a full disk): its space is freed
         out[name] = sha256_file(ckpt_dir / name)
+    if not legacy:
+        out[FINAL_OPTIM_PT] = _write_final_pt(ckpt_dir, step_dir)
     _fsync_dir(ckpt_dir)
     return out
+
+
+def _write_final_pt(ckpt_dir: Path, step_dir: Path) -> str:
+    """``final-optimizer.pt`` from the step dir's safetensors optimizer state; returns its sha256."""
+    tmp = ckpt_dir / f".{FINAL_OPTIM_PT}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(load_optimizer(step_dir), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, ckpt_dir / FINAL_OPTIM_PT)
+    finally:
+        tmp.unlink(missing_ok=True)   # left only by a failed write (a full disk): its space is freed
+    return sha256_file(ckpt_dir / FINAL_OPTIM_PT)
 
 
 def prune(ckpt_dir: Path, keep_last: int) -> list[Path]:
@@ -220,11 +350,28 @@ def load_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_optimizer(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """The optimizer state of a step dir (or of its ``.safetensors`` file, or a final one, with the ``.json`` of
+    the same stem beside it); an ``optimizer.pt`` of an older checkpoint only where torch is >= 2.6."""
+    if path.is_dir():
+        if not (path / OPTIM_FILE).is_file() and (path / LEGACY_OPTIM).is_file():
+            return _load_legacy_optimizer(path / LEGACY_OPTIM, map_location)
+        tensors_path, meta_path = path / OPTIM_FILE, path / OPTIM_META
+    elif path.suffix == ".safetensors":
+        tensors_path, meta_path = path, path.with_suffix(".json")
+    else:
+        return _load_legacy_optimizer(path, map_location)
     try:
-        return torch.load(path / OPTIM_FILE if path.is_dir() else path, map_location=map_location,
-                          weights_only=True)
-    except Exception as e:  # a pickle that is not plain tensors/containers is refused here
-        raise X1Error(f"{path}: optimizer state cannot be loaded safely ({type(e).__name__}: {e})") from None
+        meta = json.loads(meta_path.read_text())
+        tensors = safetensors_io.load(tensors_path)
+    except (OSError, ValueError) as e:
+        raise X1Error(f"{tensors_path}: optimizer state cannot be read ({type(e).__name__}: {e}); resume from "
+                      "another checkpoint") from None
+    except Exception as e:  # the safetensors library's own error for a damaged file
+        raise X1Error(f"{tensors_path}: not a readable safetensors file ({type(e).__name__}: {e}); resume from "
+                      "another checkpoint") from None
+    if map_location not in (None, "cpu"):
+        tensors = {k: v.to(map_location) for k, v in tensors.items()}
+    return unflatten_optimizer(tensors, meta, tensors_path)
 
 
 def load_model_state(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: Path) -> None:
@@ -254,11 +401,16 @@ def write_exit_status(ckpt_dir: Path | None, code: int, reason: str) -> None:
     process, which writes only for its own watchdog) and to ``$X1_EXIT_STATUS``."""
     blob = json.dumps({"exit_code": code, "reason": reason, "pid": os.getpid(), "time_unix": time.time(),
                        "rank": int(os.environ.get("RANK", "0") or 0)})
-    targets = [ckpt_dir / EXIT_STATUS] if ckpt_dir is not None and ckpt_dir.is_dir() else []
-    if os.environ.get(EXIT_STATUS_ENV):
-        targets.append(Path(os.environ[EXIT_STATUS_ENV]))
-    for target in targets:
-        write_text_atomic(target, blob)
+    failed: OSError | None = None
+    if ckpt_dir is not None and ckpt_dir.is_dir():
+        try:
+            write_text_atomic(ckpt_dir / EXIT_STATUS, blob)
+        except OSError as e:   # a full disk: the watchdog's own file (maybe on another disk) is still tried
+            failed = e
+    if os.environ.get(EXIT_STATUS_ENV):   # the watchdog's own file in the run's dir: for its owner only
+        write_text_atomic(Path(os.environ[EXIT_STATUS_ENV]), blob, mode=0o600)
+    if failed is not None:
+        raise failed
 
 
 def record_exit_status(ckpt_dir: Path | None, code: int, reason: str) -> None:

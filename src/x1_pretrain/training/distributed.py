@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..core.fileio import inside
+
 
 @dataclass(frozen=True)
 class World:
@@ -100,6 +102,9 @@ def send_files(src: Path | None, dest: Path | None, world: World, device: Any, s
                          if sending and src is not None else None, world, sender)
     if dest is not None:
         dest.mkdir(parents=True, exist_ok=True)
+    root = dest if dest is not None else (src if src is not None else Path.cwd())
+    for name, _ in listing:   # a name from another machine, checked on every rank (all stop together, no hang)
+        inside(root, name, f"rank {sender} sent a file named", "not a checkpoint file x1 writes")
     for name, size in listing:
         with contextlib.ExitStack() as files:
             reader = files.enter_context(open(src / name, "rb")) if sending and src is not None else None

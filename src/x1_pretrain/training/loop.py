@@ -353,7 +353,7 @@ def _one_step(run: Run, state: LoopState, meter: Throughput) -> StepReport:
 
 def _log_step(run: Run, state: LoopState, report: StepReport) -> None:
     """The console line and the logged metrics of a logging step. MFU twice: honest (what the GPU did, attention
-    included) and the lab's 6N figure (ERRATA 1), each labelled."""
+    included) and the lab's 6N figure (docs/errata.md, 1), each labelled."""
     report.logged = True
     metrics, meter = report.metrics, report.meter
     tokens_per_step = run.cfg.tokens_per_step()

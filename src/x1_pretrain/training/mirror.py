@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..core import names as N
-from ..core.objstore import Store, StoreError, scrub
+from ..core.objstore import MISSING_KEY_CODES, Store, StoreError, scrub
 from . import checkpoint as ck
+from . import run_owner
 
 STAGING = ".mirror"
 MLFLOW_DB = N.MLFLOW_DB
@@ -100,7 +101,7 @@ class _UploadProcess:
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
             return self.proc
 
-    def put_file(self, path: Path, rel: str) -> bool:
+    def put_file(self, path: Path, rel: str, metadata: dict[str, str] | None = None) -> bool:
         """Upload through the worker: True when it did, False when the worker is given up on (the caller uploads
         in-process); a StoreError or OSError as the worker reported it."""
         if self._deaths >= self.MAX_DEATHS:
@@ -111,7 +112,7 @@ class _UploadProcess:
         self._next_id += 1
         size = path.stat().st_size
         request = {"id": self._next_id, "url": str(self.store.url), "path": str(path.resolve()), "rel": rel,
-                   "timeouts": list(self.store.timeouts)}
+                   "timeouts": list(self.store.timeouts), "metadata": metadata or {}}
         connect, read, attempts = self.store.timeouts
         wait_s = (connect + read) * max(int(attempts), 1) + size / self.MIN_RATE_BPS
         answer = self._ask(proc, request, wait_s)
@@ -190,6 +191,13 @@ class Mirror:
         self.upload_s = 0.0
         self._wait = sleep
         self._sent: dict[str, tuple[int, int]] = {}   # a file store's files as last uploaded (size, mtime)
+        # who this run is (run_owner): read from the checkpoint dir; None until the mirror adopts the prefix's
+        self.run_id: str | None = run_owner.local_id(ckpt_dir)
+        self.refused: str | None = None      # the run that owns the prefix when it is not this one: nothing goes up
+        self.remote_newest = -1              # the newest complete remote step as last listed (-1: none, unknown)
+        self._checked_in = False             # owner checked, old multipart uploads aborted, remote_newest listed
+        self._started_unix = time.time()
+        self._said: set[str] = set()         # the once-only warnings given
         # large files go up from a niced child process (no GIL shared with training), small ones from here
         self._uploader = _UploadProcess(store, log) if upload_process else None
         self._thread: threading.Thread | None = None
@@ -296,6 +304,12 @@ class Mirror:
 
     def _run(self, job: _Job) -> None:
         t0 = time.monotonic()
+        if not self._checked_in:
+            self._check_in()
+        if self.refused is not None or self._behind(job):
+            if job.staged is not None:
+                shutil.rmtree(job.staged, ignore_errors=True)
+            return
         if job.kind == "checkpoint":
             self._upload_checkpoint(job)
         elif job.kind == "mlflow":
@@ -310,20 +324,124 @@ class Mirror:
 
     def _put(self, path: Path, rel: str) -> None:
         size = path.stat().st_size
-        if not (self._uploader is not None and size >= UPLOAD_PROCESS_MIN_BYTES and self._uploader.put_file(path, rel)):
-            self.store.put_file(path, rel)
+        meta = {run_owner.META_KEY: self.run_id} if self.run_id else None   # whose object it is: prune reads it
+        if not (self._uploader is not None and size >= UPLOAD_PROCESS_MIN_BYTES
+                and self._uploader.put_file(path, rel, meta)):
+            self.store.put_file(path, rel, metadata=meta)
         self.uploaded_bytes += size
+
+    # -- ownership: before anything is written, and before anything is deleted --
+    def _check_in(self) -> None:
+        """Once, before the first write (retried like an upload while the store is down, so a launch that could
+        not reach it checks here): the prefix's owner is this run (claimed when it has none; adopted by a resume
+        whose checkpoint dir had no id), the multipart uploads an earlier process left under the prefix are
+        aborted, and the newest complete remote step is listed."""
+        owner = run_owner.remote_id(self.store)
+        if owner is None:
+            owner = run_owner.claim(self.store, self.run_id or run_owner.new_run_id())
+            if self.run_id is None or owner == self.run_id:
+                self._log(f"mirror: {self.store.url} belongs to run {owner}")
+        if self.run_id is None and owner != "unreadable":
+            self.run_id = owner     # a resume with no id recorded: this run is the prefix's
+        if owner != self.run_id:
+            self._refuse(owner)
+            self._checked_in = True
+            return
+        run_owner.keep_local(self.dir, self.run_id)
+        for key in self.store.abort_uploads(self._started_unix, mine=self._mirrored_key):
+            self._log(f"mirror: aborted an unfinished multipart upload of {key} (left by an earlier process)")
+        self.remote_newest = self._newest_complete(self.store.list_objects("step_"))
+        self._checked_in = True
+
+    @staticmethod
+    def _mirrored_key(rel: str) -> bool:
+        """A key the mirror writes (a step dir's file, the MLflow store), not what other tools push under the same
+        prefix (the cloud script's tokens, logs, the bundle), whose uploads may be under way right now."""
+        return bool(ck.STEP_RE.match(rel.split("/")[0])) or rel == MLFLOW_DB or rel.startswith(MLFLOW_FILES + "/")
+
+    def _refuse(self, owner: str) -> None:
+        self.refused = owner
+        msg = (f"{self.store.url} belongs to run {owner}, not to this run ({self.run_id}): the mirror uploads "
+               "nothing there and deletes nothing; local checkpoints go on. Give this run a prefix of its own "
+               "(--ckpt-remote), or continue that run with --resume-from-latest")
+        self._log(f"WARNING: {msg}")
+        self._send(f"x1 checkpoint mirror refused ({self.store.url})", msg + ".")
+
+    @staticmethod
+    def _newest_complete(objects: dict[str, int]) -> int:
+        steps = [int(m.group(1)) for k in objects if k.endswith("/" + ck.DONE_FILE)
+                 for m in [ck.STEP_RE.match(k.split("/")[0])] if m]
+        return max(steps, default=-1)
+
+    def _behind(self, job: _Job) -> bool:
+        """A run that resumed from an older local checkpoint than the remote's newest (the store could not be
+        reached at its launch) must not replace the newer remote state: its older checkpoints, ledger, exit status
+        and MLflow copy are not uploaded (one loud warning) until it has a checkpoint newer than the remote's."""
+        if job.kind == "checkpoint":
+            return False   # decided on a fresh listing in _upload_checkpoint
+        latest = ck.read_latest(self.dir)
+        m = ck.STEP_RE.match(latest or "")
+        here = int(m.group(1)) if m else -1
+        if here >= self.remote_newest:
+            return False
+        self._warn_once("behind", f"the remote {self.store.url} holds {ck.step_dir_name(self.remote_newest)}, newer "
+                                  f"than this run's {latest or 'nothing'}: the ledger, the exit status and the MLflow "
+                                  "copy are not uploaded over it until this run has a newer checkpoint (relaunch "
+                                  "with --resume-from-latest to continue from the remote's)")
+        return True
+
+    def _warn_once(self, key: str, msg: str, alert: bool = True) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self._log(f"WARNING: mirror: {msg}")
+            if alert:
+                self._send(f"x1 checkpoint mirror: remote is newer ({self.store.url})", msg + ".")
+
+    def _set_latest(self, name: str) -> bool:
+        """Point the remote's ``latest`` at ``name`` with a conditional write on the ETag read (or on its absence),
+        so of two writers exactly one wins; never at a step older than the one it names now. False: not moved."""
+        for _ in range(5):
+            cur = self.store.get_tagged(ck.LATEST)
+            m = ck.STEP_RE.match(cur[0].decode(errors="replace").strip()) if cur else None
+            if m and m.group(0) > name:
+                self._warn_once(f"latest-{m.group(0)}", f"the remote latest names {m.group(0)}, newer than {name}: "
+                                                        "it is left as it is")
+                return False
+            try:
+                self.store.put_bytes(f"{name}\n".encode(), ck.LATEST, if_match=cur[1] if cur else None,
+                                     if_none_match=cur is None)
+                return True
+            except StoreError as e:   # another writer moved it between the read and the write: read it again
+                if e.kind != "conflict" and e.detail.split(":")[0] not in MISSING_KEY_CODES:
+                    raise
+        raise StoreError("conflict", f"the remote {ck.LATEST} kept changing under this run's writes")
 
     def _upload_checkpoint(self, job: _Job) -> None:
         assert job.staged is not None
         if job.name != self.remote_latest:   # not uploaded by this process already (a retry after a failed prune)
+            listing = self.store.list_objects("step_")
+            self.remote_newest = self._newest_complete(listing)
+            there = {k.split("/", 1)[1] for k in listing if k.startswith(job.name + "/")}
+            if there and not self._wrote(job.name, there):   # the same step name, written by something else
+                shutil.rmtree(job.staged, ignore_errors=True)
+                return
+            if job.step < self.remote_newest:   # an older local fallback: the newer remote step stays, untouched
+                self._warn_once("older", f"{job.name} is older than the remote's "
+                                f"{ck.step_dir_name(self.remote_newest)} in {self.store.url}: it is not uploaded, "
+                                "the remote latest stays and nothing newer is deleted (relaunch with "
+                                "--resume-from-latest to continue from the remote's)")
+                shutil.rmtree(job.staged, ignore_errors=True)
+                return
             files = sorted(f for f in job.staged.iterdir() if f.name != ck.DONE_FILE)
             self._unname(job.name)
             self.store.delete([f"{job.name}/{ck.DONE_FILE}"])   # a step written again is incomplete until its DONE
             for f in files:
                 self._put(f, f"{job.name}/{f.name}")
             self._put(job.staged / ck.DONE_FILE, f"{job.name}/{ck.DONE_FILE}")
-            self.store.put_bytes(f"{job.name}\n".encode(), ck.LATEST)
+            self.remote_newest = max(self.remote_newest, job.step)
+            if not self._set_latest(job.name):
+                shutil.rmtree(job.staged, ignore_errors=True)
+                return
             self.remote_latest = job.name
             self._log(f"mirror: {job.name} is in {self.store.url} "
                       f"({sum(f.stat().st_size for f in files) / 1e6:,.1f} MB)")
@@ -336,21 +454,23 @@ class Mirror:
     def _unname(self, name: str) -> None:
         """Before a step already named by the remote's ``latest`` is written again, ``latest`` names another
         complete step (or nothing), so it never names one without its DONE."""
-        if self.store.get_bytes(ck.LATEST) != f"{name}\n".encode():
+        cur = self.store.get_tagged(ck.LATEST)
+        if cur is None or cur[0] != f"{name}\n".encode():
             return
         others = sorted(k.split("/")[0] for k in self.store.list_objects("step_")
                         if k.endswith("/" + ck.DONE_FILE) and not k.startswith(name + "/"))
         if others:   # the newest one before it (the timeline this run continues), else any
-            self.store.put_bytes(f"{([o for o in others if o < name] or others)[-1]}\n".encode(), ck.LATEST)
+            self.store.put_bytes(f"{([o for o in others if o < name] or others)[-1]}\n".encode(), ck.LATEST,
+                                 if_match=cur[1])   # a writer that moved it meanwhile wins: retried after a read
         else:
             self.store.delete([ck.LATEST])
 
     def _prune(self, newest: str) -> None:
-        """``keep_last`` complete step dirs remotely (plus pinned ones and ``newest``). Incomplete older ones
-        (uploads a killed machine left) go too, and so do steps newer than ``newest``: a run that resumed from
-        an earlier checkpoint has abandoned them, and a later resume must not jump back to them. A PIN file
-        added locally after a step went up is uploaded and holds remotely too."""
-        objects = self.store.list_objects("step_")
+        """``keep_last`` complete step dirs remotely (plus pinned ones and ``newest``); incomplete ones (uploads
+        a killed machine left) go too. Only after a listing that succeeded, only step dirs this run wrote (their
+        objects carry its id), and never a complete step newer than ``newest``. A PIN file added locally after
+        a step went up is uploaded and holds remotely too."""
+        objects = self.store.list_objects("step_")   # a StoreError here: nothing is deleted
         by_step: dict[str, set[str]] = {}
         for rel in objects:
             step_name, _, name = rel.partition("/")
@@ -364,9 +484,25 @@ class Mirror:
         pinned = {s for s, n in by_step.items() if ck.PIN_FILE in n}
         complete = sorted(s for s, names in by_step.items() if ck.DONE_FILE in names and s <= newest)
         keep = set(complete[-self.keep_last:]) | {newest} | pinned
-        doomed = [s for s in by_step if s not in keep]
+        keep |= {s for s, names in by_step.items() if ck.DONE_FILE in names and s > newest}   # never a newer one
+        doomed = [s for s in by_step if s not in keep and self._wrote(s, by_step[s])]
         if doomed:
             self.store.delete([f"{s}/{n}" for s in sorted(doomed) for n in sorted(by_step[s])])
+
+    def _wrote(self, step_name: str, names: set[str]) -> bool:
+        """Whether this run wrote the step dir: its ``DONE`` (else any of its files) carries this run's id. One
+        that did not is said once and never touched (neither deleted nor written over)."""
+        if f"foreign-{step_name}" in self._said:
+            return False
+        probe = ck.DONE_FILE if ck.DONE_FILE in names else sorted(names)[0]
+        found = self.store.head(f"{step_name}/{probe}")
+        if found is not None and self.run_id and found[1].get(run_owner.META_KEY) == self.run_id:
+            return True
+        if found is not None:
+            self._warn_once(f"foreign-{step_name}", f"{step_name} in {self.store.url} was not written by this run "
+                            f"({run_owner.META_KEY} {found[1].get(run_owner.META_KEY) or 'absent'}): it is kept, "
+                            "never deleted nor written over", alert=False)
+        return False
 
     def _upload_mlflow(self, db: Path) -> None:
         if not db.is_file():

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core import config as C
+from ..core import redact
 from ..core.cli import old_spelling
 from ..core.errors import exit_code_help
 from ..core.names import EXPERIMENT
@@ -56,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", required=True, help="tokenize_data output: train.bin, val.bin, meta.json")
     p.add_argument("--ckpt-dir", default="checkpoints", help="checkpoints (and the default MLflow store)")
     p.add_argument("--mlflow-uri", default=None,
-                   help="file:///path, sqlite:///path.db or http(s)://server (default: sqlite in --ckpt-dir)")
+                   help="file:///path, sqlite:///path.db or http(s)://server (default: sqlite in --ckpt-dir); a "
+                        "server's credentials: MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD, not the URL")
     p.add_argument("--experiment", default=EXPERIMENT, help="MLflow experiment name")
     p.add_argument("--run-name", default=None, help="MLflow run name (default: config name + time)")
     p.add_argument("--total-steps", type=int, help="override train.total_steps")
@@ -75,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mirror every checkpoint, the cost ledger and the MLflow store to an S3-compatible store "
                         "(endpoint and keys from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY); with "
                         "--resume-from-latest an empty --ckpt-dir resumes from it (override checkpoint.remote)")
+    p.add_argument("--checkpoint-remote-wait-min", type=float, metavar="MIN",
+                   help="--resume-from-latest with nothing local and a --ckpt-remote that cannot be reached: wait "
+                        "this many minutes for it (backoff up to 60 s between tries), then exit 8, which the "
+                        "watchdog relaunches (default 30; 0: exit 8 at once; override checkpoint.remote_wait_min)")
     p.add_argument("--min-tokens-per-s", type=float,
                    help="exit 6 when warm throughput falls below this during the first hour (the lab's check)")
     old_spelling(p, "--min-tokens-per-s-window", p.add_argument(
@@ -171,7 +178,8 @@ def budget_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def _budget_flags(b: Any) -> None:
     b.add_argument("--budget-curr-cost-uri", help="budget.json written by the billing sidecar (its --out; a path, "
-                   "file:// or http(s)://)")
+                   "file:// or http(s)://; an http(s) read sends $X1_BUDGET_TOKEN or $X1_BUDGET_TOKEN_FILE's token "
+                   "as a bearer token: budget_serve)")
     add_budget_flags(b)
     b.add_argument("--force-launch", action="store_true", help="launch despite the gate (logged as a tag)")
     b.add_argument("--dry-run-budget", action="store_true",
@@ -217,6 +225,7 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
         "train.eval_every": args.eval_every, "train.log_every": args.log_every, "train.seed": args.seed,
         "train.device": args.device, "train.compile": args.compile, "train.min_tokens_per_s": args.min_tokens_per_s,
         "checkpoint.every_min": args.checkpoint_every_min, "checkpoint.remote": args.ckpt_remote,
+        "checkpoint.remote_wait_min": args.checkpoint_remote_wait_min,
         "train.min_tokens_per_s_window_min": args.min_tokens_per_s_window_min,
         "train.min_tokens_per_s_always": args.min_tokens_per_s_always, "spike.skip_steps": args.spike_skip_steps,
         **eval_task_overrides(args), **budget_overrides(args),
@@ -230,6 +239,14 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
                            force_inject=args.force_inject),
         stop_grace_s=args.stop_grace_s, curr_cost_uri=args.budget_curr_cost_uri, force_launch=args.force_launch,
         dry_run_budget=args.dry_run_budget)
+
+
+def warn_visible_secrets(opts: TrainOptions) -> None:
+    """The URL flags that carry a secret, named once (rank 0 only): ``ps`` shows them to every local user."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    redact.warn_if_visible("--mlflow-uri", opts.mlflow_uri, redact.MLFLOW_CREDENTIALS)
+    redact.warn_if_visible("--budget-curr-cost-uri", opts.curr_cost_uri, redact.BUDGET_CREDENTIALS)
 
 
 def budget_of_command(cmd: list[str]) -> tuple[float | None, str | None]:

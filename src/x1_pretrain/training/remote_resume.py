@@ -13,20 +13,24 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..budget.ledger import LEDGER_FILE, read
-from ..core.errors import EXIT_UNEXPECTED, X1Error
-from ..core.fileio import fsync_dir, replace_dir, write_text_atomic
-from ..core.objstore import Store, StoreError
+from ..budget.ledger import LEDGER_FILE, parse_text, read
+from ..core.errors import EXIT_INTERRUPTED, EXIT_STORE_UNAVAILABLE, EXIT_UNEXPECTED, X1Error
+from ..core.fileio import fsync_dir, inside, replace_dir, write_text_atomic
+from ..core.objstore import Store, StoreError, launch_error
 from . import checkpoint as ck
+from . import run_owner
 from .mirror import MLFLOW_DB, MLFLOW_FILES, MlflowStore
 
 Log = Callable[[str], None]
+_HOSTILE = "x1 never writes such a key (someone with write access to the bucket did); delete it from the bucket"
 
 
 class RemoteUnavailable(X1Error):
@@ -34,6 +38,22 @@ class RemoteUnavailable(X1Error):
     relaunches with backoff (starting fresh would train again what the remote may hold)."""
 
     exit_code = EXIT_UNEXPECTED
+
+
+class _StoreDown(RemoteUnavailable):
+    """The remote cannot be reached (a connection refused or timed out, a 5xx) and nothing local can be resumed
+    from: ``pull_when_reachable`` waits for it."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+class StoreUnavailable(X1Error):
+    """The remote stayed unreachable through ``checkpoint.remote_wait_min`` with nothing local: exit 8, which the
+    watchdog relaunches with backoff (not a crash loop) and SkyPilot recovers on a new VM."""
+
+    exit_code = EXIT_STORE_UNAVAILABLE
 
 
 def _newest_local(ckpt_dir: Path, log: Log) -> int:
@@ -48,8 +68,11 @@ def pull(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | Non
     try:
         return _pull(store, ckpt_dir, log, mlflow_store)
     except StoreError as e:
-        raise RemoteUnavailable(f"--ckpt-remote {store.url} failed during the download ({e.detail}); the checkpoint "
-                                f"dir {ckpt_dir} keeps what it had. Exit 1: the watchdog relaunches") from None
+        text = f"--ckpt-remote {store.url} failed during the download ({e.detail}); the checkpoint dir {ckpt_dir} " \
+               "keeps what it had"
+        if e.kind == "unreachable" and _newest_local(ckpt_dir, log) < 0:
+            raise _StoreDown(text, e.detail) from None
+        raise RemoteUnavailable(f"{text}. Exit 1: the watchdog relaunches") from None
     except OSError as e:
         raise RemoteUnavailable(f"--ckpt-remote {store.url}: the download could not be written to {ckpt_dir} "
                                 f"({e.strerror or e}); free space there. Exit 1: the watchdog relaunches") from None
@@ -64,10 +87,13 @@ def _pull(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | No
             log(f"WARNING: --ckpt-remote {store.url} cannot be read ({e.detail}); resuming from the local "
                 f"{ck.step_dir_name(local)}")
             return None
+        if e.kind == "unreachable":
+            raise _StoreDown(f"--ckpt-remote {store.url} cannot be reached ({e.detail})", e.detail) from None
         raise RemoteUnavailable(f"--ckpt-remote {store.url} cannot be read ({e.detail}) and {ckpt_dir} holds no "
                                 "checkpoint: not starting fresh over a run the remote may hold. Exit 1: the "
                                 "watchdog relaunches; check AWS_ENDPOINT_URL and the network") from None
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    _same_run(store, ckpt_dir, objects)
     pulled = _pull_checkpoint(store, ckpt_dir, objects, local, log)
     _pull_ledger(store, ckpt_dir, objects, log)
     if ck.EXIT_STATUS in objects and not (ckpt_dir / ck.EXIT_STATUS).exists():
@@ -75,6 +101,20 @@ def _pull(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | No
     if mlflow_store is not None and _empty(mlflow_store.path):
         _pull_mlflow(store, objects, mlflow_store, log)
     return pulled
+
+
+def _same_run(store: Store, ckpt_dir: Path, objects: dict[str, int]) -> None:
+    """A checkpoint dir of another run pulls nothing from this prefix (exit 2, ``run_owner``); one with no run id
+    yet adopts the prefix's (a resume of that run). The launch checked this when the store answered then."""
+    if run_owner.OWNER not in objects:
+        return
+    owner, mine = run_owner.remote_id(store), run_owner.local_id(ckpt_dir)
+    if owner is None or owner == mine:
+        return
+    if mine is None and owner != "unreadable":
+        run_owner.keep_local(ckpt_dir, owner)
+        return
+    raise run_owner.refusal(store, owner, mine)
 
 
 def _empty(path: Path) -> bool:
@@ -90,9 +130,11 @@ def _pull_mlflow(store: Store, objects: dict[str, int], where: MlflowStore, log:
     elif files and not where.sqlite:
         tmp = target.with_name(f".{target.name}.pull-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
+        dests = {rel: inside(tmp, rel[len(MLFLOW_FILES) + 1:], f"the bucket key {store.url}/{rel} names",
+                             _HOSTILE) for rel in files}   # every key checked before anything is written
         try:
             for rel in files:
-                dest = tmp / rel[len(MLFLOW_FILES) + 1:]
+                dest = dests[rel]
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 store.get_file(rel, dest)
             replace_dir(tmp, target)
@@ -130,9 +172,11 @@ def _pull_checkpoint(store: Store, ckpt_dir: Path, objects: dict[str, int], loca
         tmp.mkdir()
         try:
             size = 0
-            for f in sorted(by_step[name]):
-                store.get_file(f"{name}/{f}", tmp / f)
-                size += (tmp / f).stat().st_size
+            dests = {f: inside(tmp, f, f"the bucket key {store.url}/{name}/{f} names", _HOSTILE)
+                     for f in sorted(by_step[name])}
+            for f, dest in dests.items():
+                store.get_file(f"{name}/{f}", dest)
+                size += dest.stat().st_size
             fsync_dir(tmp)
             state, problem = ck.verify(tmp)
             if state is None:
@@ -144,8 +188,10 @@ def _pull_checkpoint(store: Store, ckpt_dir: Path, objects: dict[str, int], loca
             log(f"remote: {name} came down from {store.url} ({size / 1e6:,.1f} MB, every hash verified)")
             return name
         except StoreError as e:
-            raise RemoteUnavailable(f"--ckpt-remote {store.url}: {name} could not be downloaded ({e.detail}); "
-                                    "nothing was changed locally. Exit 1: the watchdog relaunches") from None
+            text = f"--ckpt-remote {store.url}: {name} could not be downloaded ({e.detail}); nothing changed locally"
+            if e.kind == "unreachable" and local < 0:
+                raise _StoreDown(text, e.detail) from None
+            raise RemoteUnavailable(f"{text}. Exit 1: the watchdog relaunches") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return None
@@ -163,13 +209,18 @@ def _pull_ledger(store: Store, ckpt_dir: Path, objects: dict[str, int], log: Log
     data = store.get_bytes(LEDGER_FILE)
     if data is None:
         return
-    try:
-        remote = json.loads(data)
-    except ValueError:
-        log(f"warning: the remote {LEDGER_FILE} is not JSON; the local ledger stands")
+    remote, problem = parse_text(data, f"the remote {store.url}/{LEDGER_FILE}")
+    if remote is None:   # a list, garbage, a negative or infinite bill: never trusted, kept for a post-mortem
+        aside = ckpt_dir / f"{LEDGER_FILE}.remote-bad-{int(time.time())}"
+        try:
+            aside.write_bytes(data)
+            kept = f" (kept as {aside.name})"
+        except OSError:
+            kept = ""
+        log(f"budget warning: {problem}; not used{kept}; the local ledger stands")
         return
     local, _ = read(ckpt_dir / LEDGER_FILE)
-    if _spent(remote) > _spent(local):
+    if _spent(remote) > _spent(local):   # a pulled ledger only ever raises the spend counted here
         write_text_atomic(ckpt_dir / LEDGER_FILE, json.dumps(remote, indent=1) + "\n")
         log(f"remote: the cost ledger came down (${_spent(remote):.2f} counted so far): the spend starts there")
 
@@ -224,3 +275,93 @@ def wait_for_pull(ckpt_dir: Path, log: Log, timeout_s: float = PULL_WAIT_S, ever
     raise RemoteUnavailable(f"the node's first process did not finish pulling the checkpoint within {timeout_s:.0f} s;"
                             " exit 1: the watchdog relaunches")
 
+
+# -- a store that is down when a machine starts: wait for it, bounded --------------------------------------
+WAIT_FIRST_S = 5.0      # the first pause between tries; each next one doubles ...
+WAIT_MAX_S = 60.0       # ... up to this
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def pull_when_reachable(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | None = None,
+                        wait_min: float = 30.0) -> str | None:
+    """``pull``, waiting up to ``wait_min`` minutes for a store that cannot be reached while this machine holds no
+    checkpoint (a new machine during a provider incident): tries with a growing pause (WAIT_FIRST_S doubling up to
+    WAIT_MAX_S), a log line for each. Refused credentials or a missing bucket end the wait at once (exit 2);
+    SIGTERM, SIGINT or SIGHUP end it cleanly (exit 75: nothing was trained); the end of the wait is exit 8."""
+    deadline = time.time() + wait_min * 60
+    # short timeouts and no retries inside a try: a stop signal is acted on within seconds, not botocore's minutes
+    probe = Store(store.url, connect_timeout_s=5.0, read_timeout_s=20.0, attempts=1)
+    tries = 0
+    while True:
+        try:
+            return pull(store, ckpt_dir, log, mlflow_store)
+        except _StoreDown as e:
+            reason = e.detail
+        with _stop_signals() as heard:
+            tries = _wait_until_up(probe, reason, (deadline, wait_min), tries, log, heard)
+
+
+def _wait_until_up(probe: Store, reason: str, until: tuple[float, float], tries: int, log: Log,
+                   heard: list[str]) -> int:
+    """Pause and probe until the store answers; returns the tries made so far. Raises at the deadline (exit 8),
+    on a stop signal (exit 75) or when the answer is a refusal (exit 2)."""
+    deadline, wait_min = until
+    when = time.strftime("%H:%M:%S UTC", time.gmtime(deadline))
+    while True:
+        left = deadline - time.time()
+        if left <= 0:
+            raise StoreUnavailable(
+                f"--ckpt-remote {probe.url} at {probe.endpoint()} could not be reached for checkpoint.remote_wait_min "
+                f"{wait_min:g} min ({reason}), and this machine holds no checkpoint: not starting fresh over a run "
+                "the remote may hold. Exit 8: the watchdog relaunches with backoff (a managed job: a new VM); check "
+                "AWS_ENDPOINT_URL, the network and the provider's status page")
+        pause = min(WAIT_FIRST_S * 2 ** min(tries, 16), WAIT_MAX_S, left)
+        tries += 1
+        log(f"remote: waiting for {probe.url} at {probe.endpoint()} to answer ({reason}): try {tries} in "
+            f"{pause:.1f} s; giving up at {when} (checkpoint.remote_wait_min {wait_min:g}), then exit 8")
+        _sleep(pause, heard)
+        try:
+            probe.check()
+        except StoreError as e:
+            err = launch_error(probe, e)
+            if err is not None:
+                raise err from None
+            reason = e.detail
+        else:
+            if not heard:
+                log(f"remote: {probe.url} answers again after {tries} tries: resuming from it")
+                return tries
+        if heard:
+            raise _stopped_error(heard[0])
+
+
+def _sleep(seconds: float, heard: list[str]) -> None:
+    end = time.monotonic() + seconds
+    while not heard and time.monotonic() < end:
+        time.sleep(min(0.1, max(end - time.monotonic(), 0.0)))
+    if heard:
+        raise _stopped_error(heard[0])
+
+
+def _stopped_error(name: str) -> X1Error:
+    err = X1Error(f"{name} heard while waiting for the checkpoint store: nothing was trained, so there is nothing to "
+                  "checkpoint; the remote keeps the run. Exit 75")
+    err.exit_code = EXIT_INTERRUPTED
+    return err
+
+
+@contextmanager
+def _stop_signals() -> Iterator[list[str]]:
+    """While waiting (before the trainer's own handlers exist): a stop signal is noted, not fatal."""
+    heard: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield heard
+        return
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    for s in STOP_SIGNALS:
+        signal.signal(s, lambda signum, _frame: heard.append(signal.Signals(signum).name))
+    try:
+        yield heard
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)

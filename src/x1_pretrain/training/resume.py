@@ -88,6 +88,9 @@ def agree_on_checkpoint(mine: RankStart, ckpt_dir: Path, world: distributed.Worl
     if best is None:
         return Resume()
     sender = found.index(best)
+    if not isinstance(best[0], str) or not ck.STEP_RE.match(best[0]):   # every rank sees the same: all stop
+        raise X1Error(f"rank {sender} names its checkpoint {str(best[0])[:80]!r}, not a step_NNNNNNN dir: not an x1 "
+                      "rank of this run; check the nodes' --ckpt-dir and x1 versions")
     lacking = [r for r, x in enumerate(found) if x != best]
     if not lacking:
         return resume

@@ -35,6 +35,7 @@ from ..core.errors import (
     RankLost,
     X1Error,
 )
+from ..core.fileio import disk_full
 from ..core.names import EXPERIMENT
 from ..model import flops
 from . import checkpoint as ck
@@ -44,7 +45,7 @@ from .build import Built, Context, build_run, start_batches, tag_final
 from .device import resolve_device
 from .lock import RunLock
 from .loop import Diverged, StopFlag, train_loop
-from .options import TrainOptions, eval_cost
+from .options import TrainOptions, eval_cost, warn_visible_secrets
 from .signals import StopDeadline, install_signal_handlers, watch_parent
 
 Log = Callable[[str], None]
@@ -233,31 +234,29 @@ class _Where:
 
 def open_remote(opts: TrainOptions, cfg: C.Config, world: Any, log: Log) -> Any:
     """The ``checkpoint.remote`` store (None without one): credentials and bucket checked now (exit 2 naming the
-    fix), a store that cannot be reached is a warning; a fresh run refuses a prefix that holds checkpoints
-    already; a resume brings the remote's newest complete checkpoint, ledger and MLflow copy down first."""
+    fix), a store that cannot be reached is a warning; a prefix another run owns is refused (``run_owner``: a
+    fresh run's own id claims it, a resume on an empty disk adopts its owner's); a resume brings the remote's
+    newest complete checkpoint, ledger and MLflow copy down first (with nothing local, waiting up to
+    checkpoint.remote_wait_min for a store that cannot be reached: then exit 8)."""
     if not cfg.checkpoint.remote:
         return None
-    from ..core.objstore import RemoteURL, Store, StoreError, launch_check
+    from ..core.objstore import RemoteURL, Store, launch_check
+    from . import run_owner
     from .mirror import mlflow_store
-    from .remote_resume import pull, pulled_marker, wait_for_pull
+    from .remote_resume import PULL_WAIT_S, pull_when_reachable, pulled_marker, wait_for_pull
 
     store = Store(RemoteURL.parse(cfg.checkpoint.remote, "checkpoint.remote (--ckpt-remote)"))
     if world.local_rank != 0:   # one process a node checks and pulls; the others wait for it (below)
         if opts.resume and not opts.dry_run_budget:
-            wait_for_pull(opts.ckpt_dir, log)
+            wait_for_pull(opts.ckpt_dir, log, PULL_WAIT_S + cfg.checkpoint.remote_wait_min * 60)
         return store
     reachable = launch_check(store, log)
-    if reachable and not opts.resume and world.main:
-        try:
-            held = sorted(k for k in store.list_objects("step_") if k.endswith("/" + ck.DONE_FILE))
-        except StoreError:
-            held = []
-        if held:
-            raise X1Error(f"--ckpt-remote {store.url} already holds checkpoints ({held[-1].split('/')[0]}); pass "
-                          "--resume-from-latest to continue that run, or choose another prefix")
+    if world.main and not opts.dry_run_budget:   # whose prefix it is: another run's is exit 2 (run_owner)
+        run_owner.at_launch(store, opts.ckpt_dir, opts.resume, reachable, log)
     if opts.resume and not opts.dry_run_budget:
         with pulled_marker(opts.ckpt_dir, world.size > 1):
-            pull(store, opts.ckpt_dir, log, mlflow_store(opts.mlflow_uri, opts.ckpt_dir))
+            pull_when_reachable(store, opts.ckpt_dir, log, mlflow_store(opts.mlflow_uri, opts.ckpt_dir),
+                                cfg.checkpoint.remote_wait_min)
     return store
 
 
@@ -290,6 +289,9 @@ def _end_mirror(ctx: Context, code: int) -> None:
     t0 = time.monotonic()
     # a normal end keeps trying through a few failures (the VM may be torn down after it); a stop has its grace
     if mirror.drain(budget_s, failures=3 if left is None else 1):
+        if getattr(mirror, "refused", None):   # another run's prefix (run_owner): said at the time, said again
+            ctx.log(f"WARNING: nothing of this run went to {mirror.store.url}: it belongs to run {mirror.refused}")
+            return
         ctx.log(f"mirror: {mirror.store.url} is up to date (latest {mirror.remote_latest or 'unchanged'}; "
                 f"{mirror.uploaded_bytes / 1e6:,.1f} MB in {mirror.upload_s:.1f} s of uploads this process)")
         return
@@ -436,6 +438,8 @@ def run_training(ctx: Context, cap_set: bool) -> int:
             lost = rank_lost(e, built.state.step)
             built.tracker.set_tags({N.TAG_END_REASON: str(lost)[:4000], N.TAG_EXIT_CODE: EXIT_UNEXPECTED})
             raise lost from None
+        if disk_full(e):   # a write this process cannot skip: the same end as a checkpoint that cannot be written
+            return _checkpoint_failed(ctx, built, CheckpointFailed(built.state.step, "next", e))
         traceback.print_exc()
         return EXIT_UNEXPECTED
     finally:
@@ -483,6 +487,7 @@ def _close(ctx: Context, built: Built, status: str) -> None:
 
 def main_guarded(opts: TrainOptions) -> tuple[int, str]:
     """(exit code, one-line reason) for ``opts``: user mistakes and a second Ctrl-C become codes too."""
+    warn_visible_secrets(opts)
     try:
         return train(opts), "see the log"
     except X1Error as e:
@@ -491,3 +496,12 @@ def main_guarded(opts: TrainOptions) -> tuple[int, str]:
     except KeyboardInterrupt:
         print("aborted by a second SIGINT: no checkpoint written for the current step", file=sys.stderr)
         return EXIT_ABORTED, "aborted by a second SIGINT"
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        latest = ck.read_latest(opts.ckpt_dir)
+        reason = (f"the disk of {opts.ckpt_dir} is full ({e}); "
+                  + (f"{latest} stays the latest complete checkpoint" if latest else "no checkpoint was written"))
+        print(f"error: {reason}. Exit {EXIT_CHECKPOINT_FAILED}: the watchdog waits for free space, then relaunches",
+              file=sys.stderr, flush=True)
+        return EXIT_CHECKPOINT_FAILED, reason

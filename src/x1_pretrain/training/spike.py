@@ -19,6 +19,7 @@ trend before it; after ``grad_window`` flagged steps in a row the new level is a
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections import deque
@@ -61,7 +62,9 @@ def unigram_counts(data_dir: Path, tokens: np.ndarray, vocab_size: int, cache_di
                 np.save(f, counts)
             os.replace(tmp, d / "unigram_counts.npy")
             break
-        except OSError:
+        except OSError:   # a read-only data dir, a full disk: the next place, with no temp file left behind
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             continue
     return counts
 

@@ -1,6 +1,7 @@
 """Task scores during training (``train.eval_tasks``): a loop callback on rank 0 that scores the model on the
 configured tasks every ``train.eval_tasks_every`` steps and once more when the run ends, and logs
-``eval/<task>/acc`` and ``eval/<task>/acc_norm``.
+``eval/<task>/acc``, ``eval/<task>/acc_norm`` and ``eval/<task>/n`` (the items actually scored); its log line
+gives each task's own n and split.
 
 An evaluation never costs the run: it runs on the plain eager model under ``inference_mode`` in batches of the
 training micro-batch, it stops at ``train.eval_tasks_max_s`` (the scores of the tasks finished by then are
@@ -21,6 +22,7 @@ from ..budget.money import EvalCost
 from ..core import names as N
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_OK
 from ..evals.score import Scorer, TaskScore, score
+from ..evals.sets import SETS
 from ..evals.tasks import Item
 from .loop import Callback, LoopState, Outcome, Run, StepReport, Verdict, scoring_mode
 
@@ -99,13 +101,14 @@ class TaskEval(Callback):
             metrics[N.eval_task_metric(s.task, "acc")] = s.acc
             if s.acc_norm is not None:
                 metrics[N.eval_task_metric(s.task, "acc_norm")] = s.acc_norm
+            metrics[N.eval_task_metric(s.task, "n")] = float(s.n)   # the items scored (the manifest's n)
         if done and run.tracker is not None:
             run.tracker.log_metrics(state.step, {k: v for k, v in metrics.items() if math.isfinite(v)})
         if done:
             parts = [f"{s.task} {s.acc:.3f}" + (f"/{s.acc_norm:.3f}" if s.acc_norm is not None else "")
-                     for s in done]
-            self.log(f"step {state.step:>7} | tasks (acc/acc_norm, n={done[0].n}): {', '.join(parts)} "
-                     f"({self.last_seconds:.1f} s)")
+                     + f" (n={s.n} {SETS[s.task].split if s.task in SETS else '?'}"
+                     + (f", {s.skipped} skipped" if s.skipped else "") + ")" for s in done]
+            self.log(f"step {state.step:>7} | tasks (acc/acc_norm): {', '.join(parts)} ({self.last_seconds:.1f} s)")
 
     def _failed(self, run: Run, state: LoopState, error: BaseException) -> None:
         import torch

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..core import names as N
 from ..core import redact
+from ..core.fileio import disk_full, write_text_atomic
 from ..core.names import EXPERIMENT, default_mlflow_uri
 
 _MAX_BATCH = 1000        # MLflow's limit of metrics per log_batch
@@ -97,8 +98,12 @@ class MlflowTracker:
         # Fail fast per request and retry ourselves: the trainer must not stall on a dead server.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        for name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking"):
+        if redact.secrets_of(uri):   # MLflow prints "View run … at: <the URL>" at the end, password and all
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+        for name in ("alembic", "mlflow.tracking"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        # its traceback at every retry (a full disk under sqlite: one a second); _note_down says it once
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         from mlflow import MlflowClient
 
         self.uri = uri
@@ -114,6 +119,7 @@ class MlflowTracker:
         self._stop = threading.Event()
         self._flush_every = flush_every_s
         self._down_since: float | None = None
+        self._disk_full = False                # the last failure was the store's full disk
         self._dropped = 0
         self.resumed = run_id is not None
         # The first contact (create or reopen the run) is bounded too: a server that accepts connections and
@@ -157,6 +163,7 @@ class MlflowTracker:
             return False
 
     def _note_down(self, e: Exception) -> None:
+        self._disk_full = disk_full(e)
         if self._down_since is None:
             self._down_since = time.monotonic()
             why = redact.scrub(str(e), self.uri)[:200]
@@ -217,6 +224,8 @@ class MlflowTracker:
                 return False
             if self._send_once(timeout_s=left):
                 return True
+            if self._disk_full:   # the store's disk (often the checkpoints' own) is full: no use waiting on it
+                return False
             time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
 
     def close(self, status: str = "FINISHED", timeout_s: float | None = None,
@@ -248,16 +257,17 @@ class MlflowTracker:
             return
         where = ""
         if spill_dir is not None:
-            try:
+            path = spill_dir / f"{SPILL_PREFIX}{os.getpid()}.jsonl"
+            lines = "".join(json.dumps({"key": m.key, "value": m.value, "step": m.step, "timestamp": m.timestamp,
+                                        "run_id": self.run_id}) + "\n" for m in left)
+            try:   # whole or not at all (a full disk): a cut line would make the resume skip the file
                 spill_dir.mkdir(parents=True, exist_ok=True)
-                path = spill_dir / f"{SPILL_PREFIX}{os.getpid()}.jsonl"
-                with open(path, "a") as f:
-                    for m in left:
-                        f.write(json.dumps({"key": m.key, "value": m.value, "step": m.step,
-                                            "timestamp": m.timestamp, "run_id": self.run_id}) + "\n")
+                earlier = path.read_text() if path.is_file() else ""
+                write_text_atomic(path, earlier + lines)
                 where = f"; saved to {path} (sent again when the run resumes)"
             except OSError as e:
-                where = f"; they could not be saved either ({e})"
+                where = (f"; they could not be saved either ({e}): the resumed run logs again the steps after its "
+                         "checkpoint, the metrics of earlier steps are lost")
         _warn(f"{len(left)} metrics could not be delivered to {redact.url(self.uri)} before exit{where}")
 
     def redeliver(self, spill_dir: Path, up_to_step: int) -> int:
@@ -326,6 +336,7 @@ class MlflowTracker:
         except Exception as e:
             self._note_down(e)
             return False
+        self._disk_full = False
         if self._down_since is not None:
             print(f"[mlflow] tracking server reachable again after {time.monotonic() - self._down_since:.0f} s; "
                   "buffered metrics delivered", file=sys.stderr)

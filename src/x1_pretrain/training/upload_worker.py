@@ -2,8 +2,9 @@
 work (signing, HTTP, checksums) never takes the training process's GIL, at a lower CPU priority than training.
 
 Protocol, one JSON object a line: the trainer writes ``{"id": N, "url": "s3://B/P", "path": "/abs/file", "rel":
-"key", "timeouts": [connect, read, attempts]}`` to stdin; the worker answers ``{"id": N, "ok": true, "bytes": M}``
-or ``{"id": N, "ok": false, "kind": "...", "detail": "..."}`` on stdout (anything else printed goes to stderr).
+"key", "timeouts": [connect, read, attempts], "metadata": {...}}`` to stdin; the worker answers ``{"id": N,
+"ok": true, "bytes": M}`` or ``{"id": N, "ok": false, "kind": "...", "detail": "..."}`` on stdout (anything else
+printed goes to stderr).
 It runs in a session of its own, so a signal to the trainer's process group (a preemption, a closed terminal)
 does not end the upload of the stop checkpoint, and it ignores SIGINT, SIGTERM and SIGHUP besides. It ends when
 the trainer closes its stdin or kills it, and on Linux is killed when the trainer dies (PR_SET_PDEATHSIG), so no
@@ -35,7 +36,7 @@ def serve(lines: Any, out: Any) -> None:
             if key not in stores:
                 stores[key] = Store(RemoteURL.parse(req["url"]), timeouts[0], timeouts[1], int(timeouts[2]))
             path = Path(req["path"])
-            stores[key].put_file(path, req["rel"])
+            stores[key].put_file(path, req["rel"], metadata=req.get("metadata") or None)
             answer: dict[str, Any] = {"ok": True, "bytes": path.stat().st_size}
         except StoreError as e:
             answer = {"ok": False, "kind": e.kind, "detail": e.detail}

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,17 +25,39 @@ from ..core.console import LOG_FILE_ENV
 from ..core.errors import (
     EXIT_BUDGET_CHECKPOINT,
     EXIT_BUDGET_NOW,
+    EXIT_CHECKPOINT_FAILED,
     EXIT_CODES,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_STORE_UNAVAILABLE,
     MEANINGS,
+    X1Error,
 )
-from .checkpoint import EXIT_STATUS_ENV, read_exit_status, read_latest, read_progress, write_exit_status
+from ..core.fileio import dir_bytes, free_bytes, says_disk_full
+from .checkpoint import (
+    EXIT_STATUS,
+    EXIT_STATUS_ENV,
+    find_latest_complete,
+    read_exit_status,
+    read_latest,
+    read_progress,
+    write_exit_status,
+)
 from .signals import WATCHDOG_PID_ENV
 
 RELAUNCH = {e.code for e in EXIT_CODES if e.relaunched}
 FOR_GOOD = {EXIT_OK, EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW}   # after these, --terminate-on-exit ends the bill
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Starts that did not train at all are never a crash loop (that rule is for starts that trained and made no
+# progress): a stop after a checkpoint, and a checkpoint store that could not be reached at start.
+NOT_CRASHES = frozenset({EXIT_INTERRUPTED, EXIT_STORE_UNAVAILABLE})
+
+
+DISK_REMINDER_S = 600.0   # while the watchdog waits for space on a full disk, a log line this often
+
+
+def free_mb(free: int | None) -> str:
+    return "?" if free is None else f"{free / 1e6:,.0f}"
 
 
 def describe_exit(code: int) -> str:
@@ -46,7 +67,7 @@ def describe_exit(code: int) -> str:
 
 
 def should_relaunch(code: int) -> bool:
-    """Relaunch after 75, 7, 1 or death by a signal (negative returncode, or 128+N from a shell)."""
+    """Relaunch after 75, 8, 7, 1 or death by a signal (negative returncode, or 128+N from a shell)."""
     return code in RELAUNCH or code < 0 or (128 < code < 160 and code != 130)
 
 
@@ -78,6 +99,22 @@ class BudgetLine:
     kill_grace_s: float = 10.0
 
 
+def add_disk_flags(ap: Any) -> None:
+    """The watchdog's flags for a full checkpoint disk (``Watchdog._wait_for_space``)."""
+    d = ap.add_argument_group("a full checkpoint disk (after exit 7)")
+    d.add_argument("--disk-poll-s", type=float, default=30.0,
+                   help="seconds between two looks at the free space while the checkpoint disk is too full for a "
+                        "checkpoint (30)")
+    d.add_argument("--disk-margin-mb", type=float, default=256.0,
+                   help="free space a relaunch needs beyond the newest checkpoint's size, MB (256)")
+
+
+def disk_options(args: Any) -> dict[str, float]:
+    if args.disk_poll_s <= 0 or args.disk_margin_mb < 0:
+        raise X1Error("--disk-poll-s must be positive and --disk-margin-mb >= 0")
+    return {"disk_poll_s": args.disk_poll_s, "disk_margin_mb": args.disk_margin_mb}
+
+
 @dataclass(frozen=True, kw_only=True)
 class WatchdogOptions:
     max_restarts: int = 20
@@ -89,6 +126,8 @@ class WatchdogOptions:
     end_of_bill: EndOfBill | None = None
     alerter: Any = None
     mlflow_uri: str | None = None     # the trainer's store (to end a crash-looped run at its last checkpoint)
+    disk_poll_s: float = 30.0         # a full checkpoint disk: seconds between two looks at its free space
+    disk_margin_mb: float = 256.0     # free space a relaunch needs beyond the size of the newest checkpoint
 
 
 @dataclass
@@ -134,9 +173,24 @@ class Watchdog:
         self.child: subprocess.Popen[bytes] | None = None
         self.stop_signal: int | None = None
         self.restarts: list[Restart] = []
-        self.status_file = Path(tempfile.gettempdir()) / f"x1-watchdog-{os.getpid()}-exit.json"
+        # the trainer's exit status for this watchdog, in the run's own dir (0600): no name in a shared /tmp
+        self.status_file = self.ckpt_dir.absolute() / f".watchdog-{os.getpid()}-exit.json"
+        self._made_dirs: list[Path] = []   # made for it, deepest first: removed at the end if still empty
         self.budget_kill: Decision | None = None
         self.ending: str | None = None    # CRASH_LOOP, GAVE_UP or STOPPED; None: the trainer's code says it
+
+    def cleanup(self) -> None:
+        """Remove the status file, and the dirs made for it that nothing but the exit record was written into (a
+        trainer that stopped at a usage error leaves no checkpoint dir behind, as without a watchdog)."""
+        self.status_file.unlink(missing_ok=True)
+        for d in self._made_dirs:
+            with contextlib.suppress(OSError):
+                if d == self.status_file.parent and {p.name for p in d.iterdir()} == {EXIT_STATUS}:
+                    (d / EXIT_STATUS).unlink()
+            try:
+                d.rmdir()
+            except OSError:   # not empty: the run's
+                break
 
     def log(self, msg: str, **event: Any) -> None:
         """A console line (never raises: ``core.console`` diverts a closed terminal) and, with ``event``, a JSON
@@ -181,6 +235,12 @@ class Watchdog:
         return child
 
     def _start(self, cmd: list[str], restart_no: int) -> subprocess.Popen[bytes]:
+        home = self.status_file.parent
+        if not home.is_dir():   # the status file's home (a dir the trainer cannot make is its own error to report)
+            missing = [d for d in (home, *home.parents) if not d.exists()]
+            with contextlib.suppress(OSError):
+                home.mkdir(parents=True, exist_ok=True)
+                self._made_dirs += missing
         env = {**os.environ, "X1_RESTART_COUNT": str(restart_no), EXIT_STATUS_ENV: str(self.status_file),
                WATCHDOG_PID_ENV: str(os.getpid())}
         if self.opts.log_file is not None:   # where the trainer's output goes once the terminal is gone
@@ -286,7 +346,8 @@ class Watchdog:
         if end is not None and self.stop_signal is None and (code in FOR_GOOD or self.ending in (CRASH_LOOP, GAVE_UP)):
             if self.ending in (CRASH_LOOP, GAVE_UP):
                 self._end_at_last_checkpoint(code)
-            end_the_bill(end, code, self.log, self.opts.alerter)   # it alerts what it did, or that it could not
+            final = find_latest_complete(self.ckpt_dir, self.log)   # goes off the machine with the bundle
+            end_the_bill(end, code, self.log, self.opts.alerter, final.path if final else None)   # it alerts
             return
         if code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
             return   # a budget stop: its alert (the trainer's or the watchdog's) says to terminate the instance
@@ -354,7 +415,7 @@ class Watchdog:
             if final is not None:
                 return final
             now = self._exit_now(code, started_at, recorded)
-            if previous is not None and EXIT_INTERRUPTED not in (code, previous.code) and now.same_place(previous):
+            if previous is not None and not NOT_CRASHES & {code, previous.code} and now.same_place(previous):
                 at = f"step {now.step}" if now.step is not None else "before its first logged step"
                 ckpt = f"step_{now.checkpoint_step:07d}" if now.checkpoint_step is not None else "none"
                 self.log(f"trainer exited with {code} ({describe_exit(code)}) {at} again, with no new checkpoint since "
@@ -365,8 +426,79 @@ class Watchdog:
             previous = now
             failures = failures + 1 if code != EXIT_INTERRUPTED else 0
             pending = self._record_restart(code, now, failures)
+            if code == EXIT_STORE_UNAVAILABLE:
+                self._store_down(pending, first=len(self.restarts) < 2 or self.restarts[-2].exit_code != code)
+            if self._disk_full_exit(code, recorded) and self._wait_for_space():
+                previous = None   # the disk was freed meanwhile: the next start is not judged against this one
             self._backoff(pending.backoff_s)
             cmd = with_resume(self.cmd)
+
+    def _store_down(self, pending: Restart, first: bool) -> None:
+        """Exit 8: the trainer waited checkpoint.remote_wait_min for the store and it never answered. Relaunched
+        (each start waits again, the budget line watching); the first of a series is alerted: the machine bills
+        while nothing trains."""
+        rate = self._rate()
+        cost = f" (this machine bills ${rate:.2f}/h meanwhile)" if rate else ""
+        body = (f"The trainer could not reach its checkpoint store (--ckpt-remote) at start and has no local "
+                f"checkpoint (exit {EXIT_STORE_UNAVAILABLE}). The watchdog relaunches it in {pending.backoff_s:.0f} s "
+                f"(restart {pending.number}/{self.opts.max_restarts}); each start waits for the store again{cost}. "
+                "Check the store's endpoint, keys and status page; stop the watchdog (SIGTERM) to give up.")
+        self.log(body, event="store_unavailable", restart=pending.number, first=first)
+        if first and self.opts.alerter is not None:
+            self.opts.alerter.send_within(f"x1: the checkpoint store cannot be reached (exit {EXIT_STORE_UNAVAILABLE});"
+                                          " relaunching", body)
+
+    # -- a full checkpoint disk --
+    def _disk_full_exit(self, code: int, recorded: dict[str, Any] | None) -> bool:
+        """Exit 7 (a checkpoint could not be written), an exit whose recorded reason is a full disk, or one the
+        trainer could not record at all (a full disk refuses the status file too; torchrun reports 1)."""
+        if code == EXIT_CHECKPOINT_FAILED or recorded is None:
+            return True
+        return says_disk_full(str(recorded.get("reason", "")))
+
+    def space_needed(self) -> int:
+        """Bytes a relaunch needs free on the checkpoint dir's filesystem: twice the newest complete checkpoint's
+        size (the next step dir, and the final files copied from it at the end) plus ``--disk-margin-mb``."""
+        latest = read_latest(self.ckpt_dir)
+        size = dir_bytes(self.ckpt_dir / latest) if latest else 0
+        return 2 * size + int(self.opts.disk_margin_mb * 1e6)
+
+    def _wait_for_space(self) -> bool:
+        """While the checkpoint disk has less free than ``space_needed``: say so once (log, event, alert) and again
+        in the log every ``DISK_REMINDER_S``, look again every ``--disk-poll-s``; the budget line keeps running, and
+        a stop or a budget kill ends the wait. True when it waited (space came back, or the wait was stopped)."""
+        need, since, said = self.space_needed(), time.monotonic(), None
+        while self.stop_signal is None and self.budget_kill is None:
+            free = free_bytes(self.ckpt_dir)
+            if free is None or free >= need:
+                if said is not None:
+                    self.log(f"disk on {self.ckpt_dir}: {free_mb(free)} MB free after {time.monotonic() - since:.0f} s "
+                             f"of waiting (a checkpoint needs {need / 1e6:,.0f} MB): relaunching",
+                             event="disk_space_back", free_mb=None if free is None else round(free / 1e6, 1),
+                             need_mb=round(need / 1e6, 1))
+                return said is not None
+            if said is None:
+                self._say_disk_full(free, need)
+                said = time.monotonic()
+            elif time.monotonic() - said >= DISK_REMINDER_S:
+                self.log(f"still waiting for space on {self.ckpt_dir}: {free_mb(free)} MB free, a checkpoint needs "
+                         f"{need / 1e6:,.0f} MB ({time.monotonic() - since:.0f} s so far)")
+                said = time.monotonic()
+            self._backoff(self.opts.disk_poll_s)
+        return said is not None
+
+    def _say_disk_full(self, free: int, need: int) -> None:
+        line = (f"disk full on {self.ckpt_dir}: {free_mb(free)} MB free, a checkpoint needs {need / 1e6:,.0f} MB; "
+                "waiting")
+        self.log(f"{line} (free space is checked every {self.opts.disk_poll_s:g} s and the trainer relaunched when it "
+                 "is there: delete old step dirs or other files on that disk; SIGTERM stops the watchdog)",
+                 event="disk_full", free_mb=round(free / 1e6, 1), need_mb=round(need / 1e6, 1))
+        if self.opts.alerter is not None:
+            rate = self._rate()
+            bills = f" at ${rate:.2f}/h" if rate else ""
+            self.opts.alerter.send_within(f"x1: {line}", f"{line}. Nothing trains meanwhile and the machine still "
+                                          f"bills{bills}. Free space on that disk: the watchdog then relaunches the "
+                                          "trainer from its last complete checkpoint.")
 
     def _backoff(self, seconds: float) -> None:
         """Wait before a relaunch; a stop or a budget kill ends the wait early."""
