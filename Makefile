@@ -28,7 +28,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
-	$(BIN)/python -m pytest -n 2 tests
+	$(BIN)/python -m pytest -n 2 --durations=25 tests
 
 # The users' container versions (nvcr.io/nvidia/pytorch:24.10-py3): Python 3.10 + torch 2.5, with the
 # transformers that works with it (constraints/torch25.txt). Where no Python 3.10 exists it fails under CI=true
@@ -56,7 +56,7 @@ test-compat:
 	$(MAKE) --no-print-directory $(COMPAT_STAMP) && \
 	$(COMPAT_VENV)/bin/python -c "import sys, torch, transformers; print('[compat] Python', sys.version.split()[0], \
 	  '| torch', torch.__version__, '| transformers', transformers.__version__)" && \
-	$(COMPAT_VENV)/bin/python -m pytest -n 2 tests
+	$(COMPAT_VENV)/bin/python -m pytest -n 2 --durations=25 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench

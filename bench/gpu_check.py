@@ -81,6 +81,7 @@ SWITCHES: list[tuple[str, list[str]]] = [
     ("compile scope blocks", ["train.compile_scope=blocks"]),
 ]
 EAGER_ONLY = {"SDPA instead of flash-attn"}
+SMOKE_MEASURE_S, SMOKE_MAX_STEPS = 0.1, 2   # A/B timing in the CPU smoke: the code path, not a measurement
 REPEAT_CHECK = {"baseline (config as is)", "deterministic on"}   # do two identical backward passes match bitwise?
 COMPILED_ONLY = {"compile scope blocks"}
 
@@ -104,16 +105,22 @@ TINY_SETS = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_k
              "train.precision=fp32", "train.compile=false"]
 
 
+# The in-process phases of the smoke (not the real trainer, which keeps GPT-2's 50,257): a vocabulary that is not a
+# multiple of 128 either, so the padding switch still pads, at a small fraction of the LM head's cost
+SMOKE_VOCAB_SETS = ["model.vocab_size=2000"]
+
+
 def load_config(path: Path, tiny: bool, sets: list[str] | None = None) -> Any:
     from x1_pretrain.core import config as C
 
-    return C.load(path, sets=[*(sets or []), *(TINY_SETS if tiny else [])])
+    return C.load(path, sets=[*(sets or []), *(TINY_SETS + SMOKE_VOCAB_SETS if tiny else [])])
 
 
 def small_config(cfg: Any, cuda: bool) -> Any:
-    """The grads phase's model: the lab's vocabulary and architecture, 2 narrow layers, 4-way accumulation."""
-    m = dataclasses.replace(cfg.model, n_layer=2, d_model=256, n_head=4, n_kv_head=2, d_ff=688,
-                            seq_len=256 if cuda else 32)
+    """The grads phase's model: the config's vocabulary and architecture, 2 narrow layers (64 wide in the CPU smoke),
+    4-way accumulation."""
+    m = dataclasses.replace(cfg.model, n_layer=2, d_model=256 if cuda else 64, n_head=4, n_kv_head=2,
+                            d_ff=688 if cuda else 176, seq_len=256 if cuda else 32)
     t = dataclasses.replace(cfg.train, micro_batch_size=4 if cuda else 2, grad_accum_steps=4,
                             batch_size=16 if cuda else 8, precision="bf16" if cuda else "fp32")
     return dataclasses.replace(cfg, model=m, train=t)
@@ -255,7 +262,7 @@ def phase_bf16_vs_fp32(cfg: Any, device: Any, out: Partial) -> None:
     """The same init and fixed batch trained in true fp32, in bf16 autocast, and in bf16 with a bf16 residual."""
     import torch
 
-    steps = 30 if device.type == "cuda" else 3
+    steps = 30 if device.type == "cuda" else 2
     fixed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=8 if device.type == "cuda"
                                                                   else 2, compile=False))
     ids = batches(fixed, device, 1, seed=2)
@@ -797,12 +804,22 @@ def run_phase(phase: str, args: argparse.Namespace, device: Any, out: Partial) -
         raise ValueError(f"unknown phase {phase}")
 
 
+def timing_defaults(args: argparse.Namespace, cuda: bool) -> None:
+    """--measure-s and --max-steps where not given: the CPU smoke runs the same code on a few steps (it measures
+    nothing)."""
+    if args.measure_s is None:
+        args.measure_s = 3.0 if cuda else SMOKE_MEASURE_S
+    if args.max_steps is None:
+        args.max_steps = 48 if cuda else SMOKE_MAX_STEPS
+
+
 def orchestrate(args: argparse.Namespace) -> int:
     import torch
 
     started = time.monotonic()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
+    timing_defaults(args, cuda)
     info = report(device)
     driver_gpus = gpus_seen_by_driver()
     for k, v in info.items():
@@ -900,6 +917,7 @@ def child(args: argparse.Namespace) -> int:
     import torch
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    timing_defaults(args, device.type == "cuda")
     out = Partial(args.result_file)
     run_phase(args.phase, args, device, out)
     print(json.dumps(out.data, default=str)[:4000], flush=True)
@@ -926,8 +944,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="markdown report to write (also printed); the JSON goes beside it")
     p.add_argument("--config", type=Path, default=LAB_CONFIG, help="model/optimizer config (default: the lab's)")
     p.add_argument("--deadline-s", type=float, default=500.0, help="wall-clock budget for all phases")
-    p.add_argument("--max-steps", type=int, default=48, help="timed micro-steps per A/B variant at most")
-    p.add_argument("--measure-s", type=float, default=3.0, help="timed seconds per A/B variant at most")
+    p.add_argument("--max-steps", type=int, help="timed micro-steps per A/B variant at most (default 48; "
+                   f"{SMOKE_MAX_STEPS} in the CPU smoke)")
+    p.add_argument("--measure-s", type=float, help="timed seconds per A/B variant at most (default 3; "
+                   f"{SMOKE_MEASURE_S:g} in the CPU smoke)")
     p.add_argument("--trainer-steps", type=int, default=0,
                    help="optimizer steps of the real trainer phase (default 25 on a GPU, 6 in the CPU smoke)")
     p.add_argument("--phase-s", action="append", default=[], metavar="NAME=SECONDS",

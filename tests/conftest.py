@@ -194,6 +194,24 @@ def clean_run(demo_data, tmp_path_factory) -> Path:
     return shared_build(tmp_path_factory, "clean", build) / "ckpt"
 
 
+# 24 steps instead of 60: the detector's baseline is 8 steps (not 20), so the injection at step 12 is already a
+# spike it flags; clipping at 0.25 (not 1.0) engages on the spike steps as the lab config's does at its scale.
+SHORT_SPIKE_ARGS = ["--total-steps", "24", "--log-every", "20", "--inject-spike-at-step", "12",
+                    "--set", "spike.baseline_steps=8", "--set", "optim.grad_clip=0.25"]
+
+
+@pytest.fixture(scope="session")
+def short_spiked_run(demo_data, tmp_path_factory) -> Path:
+    """A tiny run with --inject-spike-at-step 12 (SHORT_SPIKE_ARGS; checkpoint dir with its sqlite MLflow store)."""
+    from x1_pretrain import train
+
+    def build(d: Path) -> None:
+        assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), *SHORT_SPIKE_ARGS, *FAST,
+                           "--ckpt-dir", str(d / "ckpt")]) == 0
+
+    return shared_build(tmp_path_factory, "short-spiked", build) / "ckpt"
+
+
 # -- a real S3 server (moto's, with IAM authentication) on 127.0.0.1, one per test worker ----------------------
 _s3_prefixes = itertools.count()
 

@@ -137,3 +137,17 @@ def listening(port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def train_here(cmd: list[str]) -> int:
+    """The trainer command ``cmd`` (from ``train_cmd``) run in this process: ``train.main`` on its arguments, with
+    no interpreter start-up or torch import (for runs whose behaviour does not need a process of their own)."""
+    from x1_pretrain import train
+
+    return train.main(cmd[cmd.index("x1_pretrain.train") + 1:])
+
+
+# Four sequences a step in two micro-batches (FAST's batch is 16): a quarter of the LM head's work a step, for the
+# runs whose behaviour does not depend on the batch (signals, the watchdog, faults, the budget line). Passed after
+# FAST (``train_cmd(..., *SMALL_BATCH)``), so it wins.
+SMALL_BATCH = ["--set", "train.batch_size=4", "--set", "train.micro_batch_size=2"]

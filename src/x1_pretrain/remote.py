@@ -14,7 +14,11 @@ endpoint and keys come from the standard AWS variables, as for --ckpt-remote (do
 Exit codes: 0 done (``pull --if-present``: also when the bucket holds no complete copy); 1 the store could not be
 reached, a file did not match its hash, or a local disk error (worth another try); 2 bad usage: a malformed URL,
 refused credentials, a missing bucket, a destination that holds other files, a manifest x1 did not write, nothing
-to pull without --if-present.
+to pull without --if-present, a push into a prefix another run owns (below).
+
+A push never writes over another run's files: when the nearest ``x1-run.json`` at or above the URL (the owner
+object a trainer's ``--ckpt-remote`` prefix holds) names a run, the push goes ahead only as that run, its id read
+from ``--run-dir CKPT_DIR`` (``CKPT_DIR/x1-run.json``) or ``$X1_RUN_ID``; otherwise exit 2 and nothing is written.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from pathlib import Path
 from .core.cli import guarded
 from .core.errors import EXIT_UNEXPECTED, X1Error
 from .core.objstore import CREDENTIALS_FIX, RemoteURL, Store, StoreError
-from .core.remote_dir import PullFailed, pull, push, verify
+from .core.remote_dir import RUN_ID_ENV, PullFailed, check_owner, given_run_id, pull, push, run_id_of_dir, verify
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--verify", action="store_true",
                     help="then read the manifest back and head every object (size and sha256 against the local "
                          "files); exit 1 naming what differs. For a folder nothing writes to (a run bundle)")
+    up.add_argument("--run-dir", type=Path, metavar="CKPT_DIR",
+                    help="the run this push belongs to: the run id in CKPT_DIR/x1-run.json (else $X1_RUN_ID). "
+                         "Inside a prefix a run owns (the nearest x1-run.json at or above URL) a push writes only "
+                         "as that run: another run's id, or none, is exit 2 and nothing is written")
     down = sub.add_parser("pull", help="download a complete copy into an absent or empty folder")
     down.add_argument("url", help="s3://BUCKET/PREFIX a push wrote")
     down.add_argument("local", type=Path, help="the folder to create (absent or empty)")
@@ -70,6 +78,14 @@ def _verified(store: Store, local: Path) -> int:
     return 0
 
 
+RUN_HOW = f"--run-dir CKPT_DIR of that run, or {RUN_ID_ENV}=ID"
+
+
+def _run_id(run_dir: Path | None) -> str | None:
+    """This push's run id: ``--run-dir``'s ``x1-run.json``, else ``$X1_RUN_ID`` (None: neither)."""
+    return (run_id_of_dir(run_dir) if run_dir is not None else None) or given_run_id()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -78,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         store = Store(url)
         try:
             if args.cmd == "push":
+                check_owner(store, _run_id(args.run_dir), RUN_HOW)
                 push(store, args.local, lambda s: print(f"[remote] {s}", flush=True), if_absent=args.if_absent)
                 return _verified(store, args.local) if args.verify else 0
             got = pull(store, args.local, lambda s: print(f"[remote] {s}", flush=True))

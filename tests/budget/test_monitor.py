@@ -12,7 +12,7 @@ from x1_pretrain import train
 from x1_pretrain.training import checkpoint as ck
 
 from ..conftest import FAST, TINY
-from ..procs import train_cmd
+from ..procs import SMALL_BATCH, train_cmd
 from .conftest import write_budget
 
 
@@ -55,7 +55,8 @@ def run_trainer(demo_data, tmp_path, spend, projected, steps=40, extra=()):
 
 
 def test_alerts_once_past_the_alert_line_and_carries_on(demo_data, tmp_path, webhook, capsys):
-    code, ckpt = run_trainer(demo_data, tmp_path, spend=lambda s: 25.0 + 0.4 * s, projected=lambda s: 34.0, steps=20)
+    code, ckpt = run_trainer(demo_data, tmp_path, spend=lambda s: 25.0 + 0.4 * s, projected=lambda s: 34.0, steps=20,
+                             extra=SMALL_BATCH)
     assert code == 0
     budget_alerts = [p for p in webhook.posts if "alert line" in p["text"]]
     assert len(budget_alerts) == 1, webhook.posts
@@ -87,7 +88,7 @@ def test_spend_over_the_cap_exits_4_without_a_checkpoint(demo_data, tmp_path, we
     try:
         r = subprocess.run(train_cmd(demo_data, ckpt, 400, "--budget-cap-usd", "35.0", "--budget-curr-cost-uri",
                                      str(budget), "--budget-check-every-min", "0.002", "--budget-expected-step-s",
-                                     "0.5", "--force-launch"),
+                                     "0.5", "--force-launch", *SMALL_BATCH),
                            capture_output=True, text=True, timeout=300)
     finally:
         sidecar.close()

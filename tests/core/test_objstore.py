@@ -85,3 +85,55 @@ def test_conditional_writes_lose_cleanly_to_a_writer_that_came_first(s3env):
         store.put_bytes(b"fourth\n", "latest", if_match=etag)   # read before the third write: stale
     assert e.value.kind == "conflict"
     assert store.get_tagged("latest")[0] == b"third\n" and store.get_tagged("nope") is None
+
+
+def test_the_installed_botocore_has_putobjects_conditional_writes_and_the_floor_says_so():
+    """Every conditional write (the mirror's latest and ledger, the prefix's owner) needs IfMatch and IfNoneMatch on
+    PutObject; botocore 1.35.69 is the first whose S3 model has both, so pyproject's boto3 floor is 1.35.69."""
+    import re
+
+    import botocore.session
+    from packaging.requirements import Requirement
+
+    from x1_pretrain.core.objstore import CONDITIONAL_PARAMS
+
+    from ..conftest import REPO
+
+    members = botocore.session.get_session().get_service_model("s3").operation_model("PutObject").input_shape.members
+    assert set(CONDITIONAL_PARAMS) <= set(members), sorted(members)
+    (spec,) = re.findall(r'^\s*"(boto3[^"]*)"', (REPO / "pyproject.toml").read_text(), re.M)
+    floor = Requirement(spec).specifier
+    assert floor.contains("1.35.69") and not floor.contains("1.35.68"), spec
+
+
+def test_a_botocore_without_conditional_writes_is_a_clear_refusal_not_a_retried_other(s3env, tmp_path, monkeypatch):
+    """A botocore whose S3 model lacks IfMatch/IfNoneMatch (an older one, made here from the installed model less
+    those two members, through AWS_DATA_PATH): the write is ``unsupported`` naming the boto3 to install, and the
+    launch check refuses it (exit 2) rather than a mirror that retries an ``other`` failure for ever."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    import botocore
+
+    from x1_pretrain.core.objstore import CONDITIONAL_PARAMS
+
+    (shipped,) = sorted((Path(botocore.__file__).parent / "data" / "s3" / "2006-03-01").glob("service-2.json*"))
+    raw = shipped.read_bytes()
+    model = json.loads(gzip.decompress(raw) if shipped.suffix == ".gz" else raw)
+    put = model["shapes"][model["operations"]["PutObject"]["input"]["shape"]]["members"]
+    for name in CONDITIONAL_PARAMS:
+        del put[name]
+    older = tmp_path / "models" / "s3" / "2006-03-01"
+    older.mkdir(parents=True)
+    (older / "service-2.json").write_text(json.dumps(model))
+    monkeypatch.setenv("AWS_DATA_PATH", str(tmp_path / "models"))
+    store = Store(RemoteURL.parse(s3env))
+    store.put_bytes(b"plain writes still work\n", "plain")
+    for kwargs in ({"if_none_match": True}, {"if_match": '"etag"'}):
+        with pytest.raises(StoreError) as e:
+            store.put_bytes(b"x", "latest", **kwargs)
+        assert e.value.kind == "unsupported" and "boto3>=1.35.69" in e.value.detail, e.value.detail
+    with pytest.raises(X1Error, match=r"IfNoneMatch.*boto3>=1\.35\.69"):
+        launch_check(store, print)
+    assert store.get_bytes("latest") is None

@@ -21,7 +21,7 @@ from x1_pretrain.training import checkpoint as ck
 from x1_pretrain.training.budget_control import BudgetControl, BudgetSetup, stop_message
 
 from ..conftest import REPO
-from ..procs import train_cmd
+from ..procs import train_cmd, train_here
 
 NO_LINES = Lines(egress_usd=0.0, disk_usd=0.0, buffer_usd=0.0)
 
@@ -92,8 +92,10 @@ def test_a_boundary_in_time_cancels_the_timer_and_checkpoints():
         codes: list[int] = []
         control._exit = codes.append
         control.on_verdict(control.monitor.check())
+        timer = control._timer
         outcome, checkpoint = control.after_step(Run, State, {})
-        time.sleep(0.8)
+        timer.join(timeout=10)            # the timer's thread ends at once when cancelled, without firing
+        assert not timer.is_alive() and timer.finished.is_set()
         assert (outcome.exit_code, checkpoint, codes) == (3, True, [])
         # a stop asked for while the last step ran cuts nothing: the run finishes (exit 0 from the loop)
         control.on_verdict(control.monitor.check())
@@ -187,10 +189,9 @@ def test_spend_over_the_cap_during_a_cold_compile_exits_4_within_seconds(demo_da
     try:
         for line in proc.stdout:
             out.append(line)
-            if "torch.compile mode=" in line:
-                break
-        time.sleep(1.0)                       # well into the compile of the first step
-        budget_json(budget, 36.0)
+            if "budget check:" in line and any("torch.compile mode=" in x for x in out):
+                break                         # the check before the first step passed: its compile starts now
+        budget_json(budget, 36.0)             # the watcher's next check comes within 0.6 s, well inside the compile
         crossed = time.monotonic()
         out.append(proc.communicate(timeout=120)[0])
     finally:
@@ -206,30 +207,30 @@ def test_spend_over_the_cap_during_a_cold_compile_exits_4_within_seconds(demo_da
     assert "spent $36" in text and ck.read_exit_status(ckpt)["exit_code"] == 4
 
 
-def test_unknown_spend_is_counted_across_restarts(demo_data, tmp_path):
-    """No budget.json ever appears. Each process starts with the ledger's "unknown since"; a later process
-    stops at start once that moment is older than the grace, however young the process itself is."""
+def test_unknown_spend_is_counted_across_restarts(demo_data, tmp_path, capsys):
+    """No budget.json ever appears. Each start of the trainer (here three in this process: the ledger on disk is
+    all one start hands the next) begins with the ledger's "unknown since"; a later one stops at start once that
+    moment is older than the grace, however young the start itself is."""
     ckpt, budget = tmp_path / "c", tmp_path / "no-budget.json"
     base = ["--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget), "--budget-check-every-min", "60",
             "--resume-from-latest", "--set", "checkpoint.async_save=false"]
-    first = subprocess.run(train_cmd(demo_data, ckpt, 2, *base, "--budget-unknown-grace-min", "60", ckpt_every=1),
-                           cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stdout[-2000:]
+    first = train_here(train_cmd(demo_data, ckpt, 2, *base, "--budget-unknown-grace-min", "60", ckpt_every=1))
+    assert first == 0, capsys.readouterr().out[-2000:]
     since = json.loads((ckpt / LEDGER_FILE).read_text())["memory"]["unknown_since_utc"]
     assert since is not None
-    second = subprocess.run(train_cmd(demo_data, ckpt, 4, *base, "--budget-unknown-grace-min", "60",
-                                      "--allow-config-change", ckpt_every=1),
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0 and json.loads((ckpt / LEDGER_FILE).read_text())["memory"][
-        "unknown_since_utc"] == since, "a new process does not restart the clock"
+    second = train_here(train_cmd(demo_data, ckpt, 4, *base, "--budget-unknown-grace-min", "60",
+                                  "--allow-config-change", ckpt_every=1))
+    assert second == 0 and json.loads((ckpt / LEDGER_FILE).read_text())["memory"][
+        "unknown_since_utc"] == since, "a new start does not restart the clock"
     began = datetime.fromisoformat(since.replace("Z", "+00:00"))
     waited_min = (datetime.now(timezone.utc) - began).total_seconds() / 60
-    grace = waited_min / 2           # far longer than a fresh process would have waited at its first check
-    third = subprocess.run(train_cmd(demo_data, ckpt, 6, *base, "--budget-unknown-grace-min", f"{grace:.4f}",
-                                     "--allow-config-change", ckpt_every=1),
-                           cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert third.returncode == 3, third.stdout[-2000:] + third.stderr[-2000:]
-    assert "spend unknown" in third.stdout and "before training" in third.stdout
+    grace = waited_min / 2           # far longer than a fresh start would have waited at its first check
+    capsys.readouterr()
+    third = train_here(train_cmd(demo_data, ckpt, 6, *base, "--budget-unknown-grace-min", f"{grace:.4f}",
+                                 "--allow-config-change", ckpt_every=1))
+    out = capsys.readouterr()
+    assert third == 3, out.out[-2000:] + out.err[-2000:]
+    assert "spend unknown" in out.out and "before training" in out.out
     assert (ckpt / "final.safetensors").exists()  # the run ends at its last checkpoint
 
 

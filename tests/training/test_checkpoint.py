@@ -4,8 +4,6 @@ import json
 import random
 import shutil
 import signal
-import subprocess
-import time
 
 import pytest
 import torch
@@ -16,7 +14,7 @@ from x1_pretrain.core.errors import X1Error
 from x1_pretrain.model.transformer import Transformer, state_dict_for_saving
 from x1_pretrain.training import checkpoint as ck
 
-from ..procs import losses, progress_step, run_info, start, train_cmd, wait_for
+from ..procs import losses, progress_step, run_info, start, train_cmd, train_here, wait_for
 
 SMALL = ModelConfig(n_layer=1, d_model=32, n_head=2, n_kv_head=1, d_ff=64, seq_len=16, vocab_size=300)
 
@@ -150,16 +148,19 @@ def test_rng_round_trip():
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == a
 
 
-# --- real processes ---------------------------------------------------------------------------------
-def test_resume_after_sigkill_is_bitwise_identical(demo_data, tmp_path):
-    """Run A: 2N steps straight. Run B: SIGKILL at a random moment after its step-N checkpoint, then
-    resumed. Grad accumulation is 2 and an eval falls between. Every tensor and every overlapping
-    logged loss must be bitwise identical."""
+# --- real processes where the behaviour is the process's end (a kill, a signal); its resume in this one -------
+# half the FAST batch (grad accumulation still 2): the properties below do not depend on the batch's size
+HALF = ["--set", "train.batch_size=8", "--set", "train.micro_batch_size=4", "--set", "train.grad_accum_steps=2"]
+
+
+def test_resume_after_sigkill_is_bitwise_identical(demo_data, tmp_path, capsys):
+    """Run A: 2N steps straight (in this process). Run B: a real process SIGKILLed at a random moment after its
+    step-N checkpoint, then resumed (in this process). Grad accumulation is 2 and an eval falls between. Every
+    tensor and every overlapping logged loss must be bitwise identical."""
     n = 6
-    extra = ["--set", "checkpoint.async_save=false"]
+    extra = ["--set", "checkpoint.async_save=false", *HALF]
     a = tmp_path / "a"
-    r = subprocess.run(train_cmd(demo_data, a, 2 * n, *extra, ckpt_every=n, eval_every=4), capture_output=True)
-    assert r.returncode == 0, r.stdout[-2000:]
+    assert train_here(train_cmd(demo_data, a, 2 * n, *extra, ckpt_every=n, eval_every=4)) == 0
     b = tmp_path / "b"
     proc = start(train_cmd(demo_data, b, 2 * n, *extra, ckpt_every=n, eval_every=4), tmp_path / "b1.log")
     wait_for(lambda: (b / "step_0000006" / "DONE").exists(), proc=proc)
@@ -168,10 +169,11 @@ def test_resume_after_sigkill_is_bitwise_identical(demo_data, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (b / "final.safetensors").exists()
-    r = subprocess.run(train_cmd(demo_data, b, 2 * n, *extra, "--resume-from-latest", ckpt_every=n, eval_every=4),
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-2000:]
-    assert "resuming from" in r.stdout and "step_0000006" in r.stdout
+    capsys.readouterr()
+    assert train_here(train_cmd(demo_data, b, 2 * n, *extra, "--resume-from-latest", ckpt_every=n,
+                                eval_every=4)) == 0
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "step_0000006" in out
     fa, fb = safetensors_io.load(a / "final.safetensors"), safetensors_io.load(b / "final.safetensors")
     assert fa.keys() == fb.keys()
     for k in fa:
@@ -186,7 +188,7 @@ def test_resume_after_sigkill_is_bitwise_identical(demo_data, tmp_path):
 
 def test_sigkill_during_checkpoint_write_is_survived(demo_data, tmp_path):
     ckpt = tmp_path / "c"
-    proc = start(train_cmd(demo_data, ckpt, 200, "--set", "checkpoint.async_save=false", ckpt_every=1),
+    proc = start(train_cmd(demo_data, ckpt, 200, "--set", "checkpoint.async_save=false", *HALF, ckpt_every=1),
                  tmp_path / "log")
     wait_for(lambda: (ckpt / "step_0000002").exists(), proc=proc)
     wait_for(lambda: any(ckpt.glob(".step_*.tmp-*")), proc=proc, every=0.0005)
@@ -197,51 +199,51 @@ def test_sigkill_during_checkpoint_write_is_survived(demo_data, tmp_path):
     assert problem is None and state is not None
     complete = [p for _, p in ck.list_step_dirs(ckpt)]
     assert all(ck.verify(p)[1] is None for p in complete)
-    r = subprocess.run(train_cmd(demo_data, ckpt, state["step"] + 2, "--resume-from-latest", "--allow-config-change",
-                                 ckpt_every=1), capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-2000:]
+    assert train_here(train_cmd(demo_data, ckpt, state["step"] + 2, *HALF, "--resume-from-latest",
+                                "--allow-config-change", ckpt_every=1)) == 0
     assert not any(ckpt.glob(".step_*.tmp-*")), "stale temporary dirs are cleaned up"
 
 
-def test_sigterm_checkpoints_and_exits_75_then_resumes(demo_data, tmp_path):
-    ckpt = tmp_path / "c"
-    proc = start(train_cmd(demo_data, ckpt, 500), tmp_path / "log")
-    wait_for(lambda: progress_step(ckpt) >= 3, proc=proc)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 75
-    out = (tmp_path / "log").read_text()
+def test_sigusr1_checkpoints_and_trains_on_then_sigterm_checkpoints_and_exits_75(demo_data, tmp_path):
+    """One trainer, two signals: SIGUSR1 writes a checkpoint and training goes on past it; a later SIGTERM
+    finishes the step, checkpoints, exits 75 and leaves the MLflow run KILLED."""
+    ckpt, log = tmp_path / "c", tmp_path / "log"
+    proc = start(train_cmd(demo_data, ckpt, 500, *HALF), log)
+    try:
+        wait_for(lambda: progress_step(ckpt) >= 2, proc=proc)
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: "(requested (SIGUSR1))" in log.read_text(), proc=proc)
+        (requested,) = [p for _, p in ck.list_step_dirs(ckpt)]
+        assert ck.verify(requested)[1] is None
+        at = int(requested.name.split("_")[1])
+        wait_for(lambda: progress_step(ckpt) >= at + 2, proc=proc)   # training went on after it
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 75
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = log.read_text()
     assert "SIGTERM received: stopping after step" in out and "clean stop" in out
     latest = ck.read_latest(ckpt)
     state, problem = ck.verify(ckpt / latest)
-    assert problem is None and state["step"] >= 3
+    assert problem is None and state["step"] >= at + 2
     _, runs = run_info(ckpt)
     assert runs[0].info.status == "KILLED"
-
-
-def test_sigusr1_writes_a_checkpoint_and_training_goes_on(demo_data, tmp_path):
-    ckpt = tmp_path / "c"
-    proc = start(train_cmd(demo_data, ckpt, 14), tmp_path / "log")
-    wait_for(lambda: progress_step(ckpt) >= 2, proc=proc)
-    proc.send_signal(signal.SIGUSR1)
-    assert proc.wait(timeout=120) == 0
-    out = (tmp_path / "log").read_text()
-    assert "(requested (SIGUSR1))" in out
-    assert (ckpt / "final.safetensors").exists()
 
 
 def test_second_sigint_aborts_at_once(demo_data, tmp_path):
     ckpt = tmp_path / "c"
     slow = ["--set", "train.batch_size=512", "--set", "train.micro_batch_size=64",
             "--set", "train.grad_accum_steps=8"]  # steps of ~4 s, so both signals land inside one
-    proc = start(train_cmd(demo_data, ckpt, 50, *slow), tmp_path / "log")
-    wait_for(lambda: progress_step(ckpt) >= 1, proc=proc)
-    # progress.json is written a moment before the step's stop agreement: a signal polled out at once can land in
-    # that moment and stop the run after step 1, before the second one arrives. One second in, it is inside step 2.
-    time.sleep(1.0)
+    log = tmp_path / "log"
+    proc = start(train_cmd(demo_data, ckpt, 50, *slow), log)
+    # The val loss of step 0 is the last thing before the first step: a signal after it lands inside step 1
+    # (or in the agreement just before it, which stops after step 1 too), ~4 s before any stop could be taken.
+    wait_for(lambda: f"step {0:>7} | val loss" in log.read_text(), proc=proc)
     proc.send_signal(signal.SIGINT)
     # Two SIGINTs that arrive before Python runs the handler merge into one call (a long torch op on a loaded
     # machine holds the main thread): send the second only once the first has been heard, which the trainer says.
-    log = tmp_path / "log"
     wait_for(lambda: "SIGINT heard: finishing the current step" in log.read_text(), timeout=60, proc=proc)
     assert "a second Ctrl-C aborts without a checkpoint" in log.read_text()
     proc.send_signal(signal.SIGINT)
@@ -250,28 +252,27 @@ def test_second_sigint_aborts_at_once(demo_data, tmp_path):
     assert not ck.list_step_dirs(ckpt)
 
 
-def test_refuses_to_mix_runs_and_config_changes(demo_data, tmp_path):
+def test_a_resume_with_nothing_starts_fresh_and_refuses_to_mix_runs_and_config_changes(demo_data, tmp_path,
+                                                                                       capsys):
+    """--resume-from-latest on an empty dir starts fresh; then a fresh start over its checkpoints, a changed
+    config and other data are refused (exit 2, naming the fix); --allow-config-change resumes and tags the run.
+    (In this process: none of it depends on a process of its own.)"""
     ckpt = tmp_path / "c"
-    assert subprocess.run(train_cmd(demo_data, ckpt, 2), capture_output=True).returncode == 0
-    r = subprocess.run(train_cmd(demo_data, ckpt, 2), capture_output=True, text=True)
-    assert r.returncode == 2 and "already holds checkpoints" in r.stderr
-    r = subprocess.run(train_cmd(demo_data, ckpt, 2, "--resume-from-latest", "--set", "optim.lr=0.01"),
-                       capture_output=True, text=True)
-    assert r.returncode == 2 and "optim.lr: 0.003 -> 0.01" in r.stderr and "--allow-config-change" in r.stderr
+    assert train_here(train_cmd(demo_data, ckpt, 2, "--resume-from-latest")) == 0
+    out = capsys.readouterr().out
+    assert "no complete checkpoint" in out and "starting fresh" in out
+    assert train_here(train_cmd(demo_data, ckpt, 2)) == 2
+    assert "already holds checkpoints" in capsys.readouterr().err
+    assert train_here(train_cmd(demo_data, ckpt, 2, "--resume-from-latest", "--set", "optim.lr=0.01")) == 2
+    err = capsys.readouterr().err
+    assert "optim.lr: 0.003 -> 0.01" in err and "--allow-config-change" in err
     other = tmp_path / "other-data"
     shutil.copytree(demo_data, other)
     meta = json.loads((other / "meta.json").read_text())
     meta["sources"][0]["bytes"] += 1
     (other / "meta.json").write_text(json.dumps(meta))
-    r = subprocess.run(train_cmd(other, ckpt, 2, "--resume-from-latest"), capture_output=True, text=True)
-    assert r.returncode == 2 and "describes other tokens" in r.stderr
-    r = subprocess.run(train_cmd(demo_data, ckpt, 3, "--resume-from-latest", "--allow-config-change"),
-                       capture_output=True, text=True)
-    assert r.returncode == 0
+    assert train_here(train_cmd(other, ckpt, 2, "--resume-from-latest")) == 2
+    assert "describes other tokens" in capsys.readouterr().err
+    assert train_here(train_cmd(demo_data, ckpt, 3, "--resume-from-latest", "--allow-config-change")) == 0
     _client, runs = run_info(ckpt)
     assert "train.total_steps: 2 -> 3" in runs[0].data.tags["config_changed_on_resume"]
-
-
-def test_resume_with_nothing_to_resume_starts_fresh(demo_data, tmp_path):
-    r = subprocess.run(train_cmd(demo_data, tmp_path / "c", 2, "--resume-from-latest"), capture_output=True, text=True)
-    assert r.returncode == 0 and "no complete checkpoint" in r.stdout and "starting fresh" in r.stdout

@@ -57,7 +57,8 @@ def test_a_checkpoint_goes_up_files_first_then_done_then_latest(s3env, tmp_path)
     mirror.checkpoint(path)
     assert mirror.drain(60)
     mirror.close()
-    assert calls[1] == ("PutObject", f"{RemoteURL.parse(s3env).prefix}/x1-run.json")   # the owner, before all
+    assert next(c for c in calls if c[0] not in ("GetObject", "ListObjectsV2")) == (
+        "PutObject", f"{RemoteURL.parse(s3env).prefix}/x1-run.json")   # the owner, before all
     calls = [c for c in calls if not c[1].endswith("/x1-run.json")]
     puts = [k.rsplit("/", 2)[-2:] for op, k in calls if op in ("PutObject", "CreateMultipartUpload")]
     writes = [op for op, _ in calls if op not in ("GetObject", "ListObjectsV2", "ListMultipartUploads", "HeadObject")]
@@ -146,7 +147,7 @@ def test_the_remote_latest_is_complete_whenever_the_mirror_is_killed(s3, s3env, 
     """SIGKILL at moments drawn at random inside the uploads (by bytes sent, not by the clock): the remote's
     latest always names a checkpoint whose every file is there and verifies."""
     ckpt = tmp_path / "c"
-    names = [_step(ckpt, s, mb=3.0).name for s in (1, 2, 3)]
+    names = [_step(ckpt, s, mb=1.5).name for s in (1, 2, 3)]   # each weights file goes up from the upload worker
     proxy = Proxy(s3.port)
     store = Store(RemoteURL.parse(s3env))
     env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(REPO / "src")}
@@ -225,13 +226,13 @@ def test_a_stopped_upload_worker_is_killed_after_its_deadline_and_the_upload_goe
     ckpt = tmp_path / "c"
     lines: list[str] = []
     mirror = Mirror(store, ckpt, keep_last=3, log=lines.append, sleep=lambda s: None, upload_process=True).start()
-    try:
-        mirror.checkpoint(_step(ckpt, 1, mb=2.0))
+    try:   # 1.1 MB: just above the worker's threshold, so the deadline is the timeouts plus about a second
+        mirror.checkpoint(_step(ckpt, 1, mb=1.1))
         assert mirror.drain(60)
         assert mirror._uploader is not None and mirror._uploader.proc is not None
         stopped = mirror._uploader.proc
         stopped.send_signal(signal.SIGSTOP)
-        mirror.checkpoint(_step(ckpt, 2, mb=2.0))
+        mirror.checkpoint(_step(ckpt, 2, mb=1.1))
         assert mirror.drain(120, failures=0)   # through the failure, to the retry's success
         assert stopped.poll() is not None and mirror._uploader.proc is not stopped
     finally:
@@ -357,13 +358,13 @@ def test_a_stop_whose_upload_cannot_finish_says_so_within_the_grace(s3, s3env, t
         assert wait_until(lambda: not proxy.flowing.is_set(), timeout=60)   # on the wire, and the link hangs
         stop.requested, stop.requested_at = "SIGTERM", time.monotonic()
         ctx = SimpleNamespace(mirror=mirror, ckpt_dir=ckpt, mlflow_store=None, log=lines.append,
-                              deadline=StopDeadline(stop, 6.0, lambda: None))
+                              deadline=StopDeadline(stop, 4.0, lambda: None))
         _end_mirror(ctx, 75)
         left = ctx.deadline.remaining()
     finally:
         mirror.close()
         proxy.close()
-    assert left is not None and left > 0, f"the stop went {-left:.1f} s past its 6 s grace"
+    assert left is not None and left > 0, f"the stop went {-left:.1f} s past its 4 s grace"
     said = [x for x in lines if "could not upload" in x]
     assert len(said) == 1 and "step_0000002" in said[0], lines
     assert "the remote's latest is step_0000001, the local one step_0000002" in said[0]

@@ -23,16 +23,29 @@ from x1_pretrain.training import remote_resume as RR
 from x1_pretrain.training.mirror import Mirror
 from x1_pretrain.training.remote_resume import RemoteUnavailable, pull
 
-from ..procs import losses, progress_step, start, train_cmd, wait_for
+from ..procs import losses, progress_step, start, train_cmd, train_here, wait_for
 from ..s3server import Proxy, free_port
 from .test_mirror import _step
+
+
+def _proof(machine: Path) -> dict[str, str]:
+    """What a new machine gives to continue ``machine``'s run on its prefix (X1_RUN_ID, docs/running.md)."""
+    from x1_pretrain.training import run_owner
+
+    return {"X1_RUN_ID": run_owner.local_id(machine) or ""}
+
+
+# a narrower model and a smaller batch for the runs whose property does not depend on the shape (a checkpoint
+# of a fifth of the bytes goes up and comes down faster); gradient accumulation stays at two micro-steps
+NARROW = ("--set", "model.d_model=32", "--set", "model.d_ff=96", "--set", "train.batch_size=8",
+          "--set", "train.micro_batch_size=4")
 
 
 def _ledger(spent: float) -> str:
     return json.dumps({"format": "x1-budget-ledger/1", "cap_usd": 35.0, "memory": {"spent_usd": spent}})
 
 
-def test_pull_takes_the_newest_remote_checkpoint_that_verifies_and_the_larger_ledger(s3env, tmp_path):
+def test_pull_takes_the_newest_remote_checkpoint_that_verifies_and_the_larger_ledger(s3env, tmp_path, monkeypatch):
     store = Store(RemoteURL.parse(s3env))
     src = tmp_path / "machine-a"
     mirror = Mirror(store, src, keep_last=3, log=print).start()
@@ -45,6 +58,7 @@ def test_pull_takes_the_newest_remote_checkpoint_that_verifies_and_the_larger_le
     dst = tmp_path / "machine-b"
     dst.mkdir()
     (dst / LEDGER_FILE).write_text(_ledger(2.0))        # a new machine's own, smaller count
+    monkeypatch.setenv("X1_RUN_ID", _proof(src)["X1_RUN_ID"])
     lines: list[str] = []
     assert pull(store, dst, lines.append) == "step_0000003"
     assert any("step_0000006 fails verification" in x for x in lines)
@@ -88,6 +102,7 @@ def test_a_store_that_comes_up_during_the_wait_is_resumed_from(s3, s3env, tmp_pa
     assert mirror.drain(60)
     mirror.close()
     proxy = Proxy(s3.port, listening=False)        # machine B starts while the store refuses connections
+    monkeypatch.setenv("X1_RUN_ID", _proof(src)["X1_RUN_ID"])
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     monkeypatch.setattr(RR, "WAIT_FIRST_S", 0.05)
     lines: list[str] = []
@@ -133,33 +148,60 @@ def _run(cmd, env, log):
     return out
 
 
-@pytest.mark.slow
-def test_a_store_down_when_a_new_machine_starts_is_waited_for_and_the_run_resumes_from_it(s3, s3env, demo_data,
-                                                                                          tmp_path):
-    """Machine A mirrors step 3 and is gone. Machine B starts with an empty disk while the store refuses
-    connections: it waits (saying so), the store comes up, and B trains on from A's checkpoint in A's MLflow run."""
+def _here(cmd, capsys) -> tuple[int, str]:
+    """``cmd`` (a train command) run in this process: its exit code and what it printed (stdout, then stderr)."""
+    capsys.readouterr()
+    code = train_here(cmd)
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+def test_a_store_down_when_a_new_machine_starts_is_waited_for_then_the_run_resumes_adopts_and_prunes_its_own(
+        s3, s3env, demo_data, tmp_path, monkeypatch, capsys):
+    """Machine A mirrors step 2 (keep_last 1), owns the prefix and is gone. Machine B starts with an empty disk while
+    the store refuses connections: it waits (saying so, nothing trained or pulled meanwhile), the store comes up,
+    and B resumes A's checkpoint in A's MLflow run under A's run id (X1_RUN_ID, kept while the store was down;
+    the adoption at a launch that reaches the store is in the killed-mid-upload test), trains on, prunes A's
+    old step (the same run's) to keep_last and leaves a step dir no run of ours wrote. Both run in this process:
+    the wait and the resume need no process of their own (a real process waiting is
+    test_sigterm_while_waiting_for_the_store_ends_the_wait_cleanly)."""
+    from x1_pretrain.training import run_owner
+
+    keep = ("--set", "checkpoint.keep_last=1", *NARROW)
     a = tmp_path / "machine-a"
-    out = _run(train_cmd(demo_data, a, 3, "--ckpt-remote", s3env, ckpt_every=3), os.environ, tmp_path / "a.log")
-    assert out.returncode == 0, out.stdout[-3000:]
+    assert train_here(train_cmd(demo_data, a, 2, "--ckpt-remote", s3env, *keep, ckpt_every=2)) == 0
+    store = Store(RemoteURL.parse(s3env))
+    owner = run_owner.local_id(a)
+    assert owner and run_owner.remote_id(store) == owner
+    store.put_bytes(b"someone else's", "step_0000001/model.safetensors")    # not written by this run: it stays
     proxy = Proxy(s3.port, listening=False)       # bound, not listening: every connect is refused
-    b, log = tmp_path / "machine-b", tmp_path / "b.log"
-    cmd = train_cmd(demo_data, b, 5, "--ckpt-remote", s3env, "--resume-from-latest", "--allow-config-change",
-                    ckpt_every=3, seed=False)
+    b = tmp_path / "machine-b"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    monkeypatch.setenv("X1_RUN_ID", owner)        # the proof that it is run A (docs/running.md)
+    monkeypatch.setattr(RR, "WAIT_FIRST_S", 0.05)
+    seen_while_waiting: list[object] = []
+    sleep = RR._sleep
+
+    def store_comes_up(seconds: float, heard: list[str]) -> None:   # the first announced pause: the store is back
+        seen_while_waiting.append(ck.read_latest(b))
+        proxy.listen()
+        sleep(seconds, heard)
+
+    monkeypatch.setattr(RR, "_sleep", store_comes_up)
     try:
-        proc = start(cmd, log, {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint})
-        wait_for(lambda: "remote: waiting for" in log.read_text(), proc=proc, timeout=300)
-        assert ck.read_latest(b) is None            # nothing trained, nothing came down while it waits
-        proxy.listen()                              # the store is back
-        assert proc.wait(300) == 0, log.read_text()[-3000:]
+        code, text = _here(train_cmd(demo_data, b, 4, "--ckpt-remote", s3env, "--resume-from-latest", *keep,
+                                     "--allow-config-change", ckpt_every=2, seed=False), capsys)
     finally:
-        if proc.poll() is None:
-            proc.kill()
         proxy.close()
-    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert seen_while_waiting[:1] == [None]        # nothing trained, nothing came down while it waited
     assert "connect" in text.split("remote: waiting for", 1)[1].split("\n")[0].lower()   # what it waited on
-    assert "answers again" in text and "step_0000003 came down" in text and "MLflow store came down" in text
-    assert ck.read_latest(b) == "step_0000005" and set(losses(b)) == set(range(1, 6))   # A's steps, then B's
-    assert Store(RemoteURL.parse(s3env)).get_bytes("latest") == b"step_0000005\n"
+    assert "answers again" in text and "step_0000002 came down" in text and "MLflow store came down" in text
+    assert run_owner.local_id(b) == owner          # kept from X1_RUN_ID while the store was down
+    assert ck.read_latest(b) == "step_0000004" and set(losses(b)) == set(range(1, 5))   # A's steps, then B's
+    assert {k.split("/")[0] for k in store.list_objects("step_")} == {"step_0000001", "step_0000004"}
+    assert store.get_bytes("latest") == b"step_0000004\n"
+    assert store.head("step_0000004/DONE")[1] == {run_owner.META_KEY: owner}
 
 
 def test_a_store_that_never_comes_back_within_the_wait_is_exit_8(demo_data, tmp_path, monkeypatch, capsys):
@@ -200,64 +242,77 @@ def test_sigterm_while_waiting_for_the_store_ends_the_wait_cleanly(demo_data, tm
 
 
 @pytest.mark.slow
-def test_killed_mid_upload_then_resumed_from_an_empty_disk_gives_the_same_weights(s3, s3env, demo_data, tmp_path):
-    steps = ("--set", "checkpoint.async_save=true")
+def test_killed_mid_upload_then_resumed_from_an_empty_disk_gives_the_same_weights(s3, s3env, demo_data, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """Machine A (a real process) is SIGKILLed while step 4's checkpoint is on the wire; machine B resumes from the
+    remote's step 2 on an empty disk and ends with the weights of an uninterrupted run, bit for bit. The reference
+    run and B need no process of their own: they run here."""
+    from x1_pretrain.training import run_owner
+
+    steps = ("--set", "checkpoint.async_save=true", *NARROW)
     ref = tmp_path / "ref"
-    assert _run(train_cmd(demo_data, ref, 12, *steps, ckpt_every=4), os.environ, tmp_path / "ref.log").returncode == 0
+    assert train_here(train_cmd(demo_data, ref, 4, *steps, ckpt_every=2)) == 0
     proxy = Proxy(s3.port)
-    # the first request for the checkpoint after step 4 hangs (step 8's, or step 12's when 12 was written while step
-    # 4 was still going up and replaced the unstarted 8): the machine dies mid-upload
-    proxy.hold_on = (b"step_0000008", b"step_0000012")
+    proxy.hold_on = b"step_0000004"   # the first request for the checkpoint after step 2 hangs: A dies mid-upload
     env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint}
     a = tmp_path / "machine-a"
     try:
-        proc = start(train_cmd(demo_data, a, 12, *steps, "--ckpt-remote", s3env, ckpt_every=4), tmp_path / "a.log",
+        proc = start(train_cmd(demo_data, a, 4, *steps, "--ckpt-remote", s3env, ckpt_every=2), tmp_path / "a.log",
                      env)
-        wait_for(lambda: not proxy.flowing.is_set() and ck.read_latest(a) in ("step_0000008", "step_0000012"),
-                 proc=proc)
+        wait_for(lambda: not proxy.flowing.is_set() and ck.read_latest(a) == "step_0000004", proc=proc)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
         proxy.close()
     store = Store(RemoteURL.parse(s3env))
-    assert store.get_bytes("latest") == b"step_0000004\n"
-    assert not [k for k in store.list_objects() if k.startswith(("step_0000008", "step_0000012"))]
+    assert store.get_bytes("latest") == b"step_0000002\n"
+    assert not [k for k in store.list_objects() if k.startswith("step_0000004")]
     b = tmp_path / "machine-b"     # an empty disk: no checkpoint, no ledger, no MLflow store
-    out = _run(train_cmd(demo_data, b, 12, *steps, "--ckpt-remote", s3env, "--resume-from-latest", ckpt_every=4,
-                         seed=False), os.environ, tmp_path / "b.log")
-    assert out.returncode == 0, out.stdout[-3000:]
-    assert "step_0000004 came down" in out.stdout and "MLflow store came down" in out.stdout
+    monkeypatch.setenv("X1_RUN_ID", _proof(a)["X1_RUN_ID"])
+    code, out = _here(train_cmd(demo_data, b, 4, *steps, "--ckpt-remote", s3env, "--resume-from-latest", ckpt_every=2,
+                                seed=False), capsys)
+    assert code == 0, out[-3000:]
+    assert "step_0000002 came down" in out and "MLflow store came down" in out
+    owner = _proof(a)["X1_RUN_ID"]    # the store answered at B's launch: B adopts A's id there
+    assert f"resuming run {owner}" in out and run_owner.local_id(b) == owner
     assert (b / ck.FINAL_MODEL).read_bytes() == (ref / ck.FINAL_MODEL).read_bytes()
-    assert set(losses(b)) >= set(range(1, 13))     # one MLflow run: A's steps came down with its store
-    assert store.get_bytes("latest") == b"step_0000012\n"
+    assert set(losses(b)) >= set(range(1, 5))     # one MLflow run: A's steps came down with its store
+    assert store.get_bytes("latest") == b"step_0000004\n"
     assert json.loads(store.get_bytes(ck.EXIT_STATUS))["exit_code"] == 0
 
 
-@pytest.mark.slow
-def test_a_store_that_cannot_be_reached_leaves_training_at_exit_0(demo_data, tmp_path):
-    env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "AKIAX1",
-           "AWS_SECRET_ACCESS_KEY": "x1-unreachable-secret", "AWS_DEFAULT_REGION": "us-east-1"}
+def test_a_store_that_cannot_be_reached_leaves_training_at_exit_0(demo_data, tmp_path, monkeypatch, capsys):
+    """Nothing listens on the store's port: one warning at launch and one for the mirror's episode, local
+    checkpoints throughout, a last wait that gives up after a few failures, exit 0. In this process, with the
+    mirror's backoff between tries cut to milliseconds (the property does not depend on its length)."""
+    from x1_pretrain.training import mirror as M
+
+    for k, v in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "AKIAX1",
+                 "AWS_SECRET_ACCESS_KEY": "x1-unreachable-secret", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(M, "BACKOFF_S", (0.01, 0.02, 0.04))
+    monkeypatch.setattr(Store.__init__, "__defaults__", (10.0, 60.0, 1))   # one try a call, not botocore's three
     ckpt = tmp_path / "c"
-    out = _run(train_cmd(demo_data, ckpt, 6, "--ckpt-remote", "s3://x1-runs/down", ckpt_every=3), env,
-               tmp_path / "log")
-    assert out.returncode == 0, out.stdout[-3000:]
-    assert ck.read_latest(ckpt) == "step_0000006" and (ckpt / ck.FINAL_MODEL).is_file()
-    assert out.stdout.count("WARNING: the mirror to") == 1
-    assert "cannot be reached now" in out.stdout and "could not upload" in out.stdout
-    assert "x1-unreachable-secret" not in out.stdout
+    code, out = _here(train_cmd(demo_data, ckpt, 2, "--ckpt-remote", "s3://x1-runs/down", *NARROW, ckpt_every=1),
+                      capsys)
+    assert code == 0, out[-3000:]
+    assert ck.read_latest(ckpt) == "step_0000002" and (ckpt / ck.FINAL_MODEL).is_file()
+    assert out.count("WARNING: the mirror to") == 1
+    assert "cannot be reached now" in out and "could not upload" in out
+    assert "x1-unreachable-secret" not in out
 
 
-def test_wrong_credentials_are_exit_2_at_launch_with_the_fix(s3, s3env, demo_data, tmp_path):
-    env = {**os.environ, **s3.env, "AWS_SECRET_ACCESS_KEY": "not-the-secret-4242"}
+def test_wrong_credentials_are_exit_2_at_launch_with_the_fix(s3, s3env, demo_data, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret-4242")
     ckpt = tmp_path / "c"
-    out = _run(train_cmd(demo_data, ckpt, 4, "--ckpt-remote", s3env, seed=False), env, tmp_path / "log")
-    assert out.returncode == 2, out.stdout[-3000:]
-    assert "refused the credentials" in out.stdout and "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in out.stdout
-    assert "not-the-secret-4242" not in out.stdout and "Traceback" not in out.stdout
+    code, out = _here(train_cmd(demo_data, ckpt, 4, "--ckpt-remote", s3env, seed=False), capsys)
+    assert code == 2, out[-3000:]
+    assert "refused the credentials" in out and "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in out
+    assert "not-the-secret-4242" not in out and "Traceback" not in out
     assert not ckpt.exists()     # nothing was written before the check
 
 
-def test_a_file_store_goes_up_file_by_file_and_comes_back_whole(s3env, tmp_path):
+def test_a_file_store_goes_up_file_by_file_and_comes_back_whole(s3env, tmp_path, monkeypatch):
     """The lab's --mlflow-uri file:///... store: only the files changed since the last upload go up again, and
     an empty machine gets the whole folder back (renamed into place once complete)."""
     from x1_pretrain.training.mirror import MlflowStore
@@ -283,6 +338,7 @@ def test_a_file_store_goes_up_file_by_file_and_comes_back_whole(s3env, tmp_path)
     assert [c.rsplit("/", 1)[-1] for c in calls] == ["meta.yaml", "loss", "loss"] or \
         sorted(c.rsplit("/", 1)[-1] for c in calls) == ["loss", "loss", "meta.yaml"]
     back = tmp_path / "machine-b" / "mlruns"
+    monkeypatch.setenv("X1_RUN_ID", _proof(tmp_path / "c")["X1_RUN_ID"])
     pull(store, tmp_path / "machine-b" / "c", print, MlflowStore(back, sqlite=False))
     assert (back / "1" / "run" / "metrics" / "train" / "loss").read_text() == "1 10.9 1\n2 10.7 2\n"
     assert (back / "1" / "meta.yaml").read_text() == "name: x1-pretraining\n"
@@ -293,9 +349,9 @@ def test_a_stop_uploads_its_checkpoint_and_the_watchdog_resumes_on_an_empty_disk
     """SIGTERM: the stop checkpoint is in the bucket before the process exits 75 (and its exit status); then the
     watchdog, on a machine with nothing local, relaunches the same command and finishes from the bucket."""
     a = tmp_path / "machine-a"
-    proc = start(train_cmd(demo_data, a, 10, "--ckpt-remote", s3env, ckpt_every=1000), tmp_path / "a.log",
+    proc = start(train_cmd(demo_data, a, 5, "--ckpt-remote", s3env, *NARROW, ckpt_every=1000), tmp_path / "a.log",
                  dict(os.environ))
-    wait_for(lambda: progress_step(a) >= 3, proc=proc)
+    wait_for(lambda: progress_step(a) >= 2, proc=proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(120) == 75
     store = Store(RemoteURL.parse(s3env))
@@ -305,12 +361,13 @@ def test_a_stop_uploads_its_checkpoint_and_the_watchdog_resumes_on_an_empty_disk
     assert "is up to date" in (tmp_path / "a.log").read_text()
     b = tmp_path / "machine-b"
     cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--",
-           *train_cmd(demo_data, b, 10, "--ckpt-remote", s3env, "--resume-from-latest", ckpt_every=1000, seed=False)]
-    out = _run(cmd, os.environ, tmp_path / "b.log")
+           *train_cmd(demo_data, b, 5, "--ckpt-remote", s3env, "--resume-from-latest", *NARROW, ckpt_every=1000,
+                      seed=False)]
+    out = _run(cmd, {**os.environ, **_proof(a)}, tmp_path / "b.log")
     assert out.returncode == 0, out.stdout[-3000:]
     assert f"{stopped} came down" in out.stdout
-    assert min(losses(b)) == 1 and max(losses(b)) == 10      # A's steps (its MLflow copy) and B's, one run
-    assert store.get_bytes("latest") == b"step_0000010\n"
+    assert min(losses(b)) == 1 and max(losses(b)) == 5      # A's steps (its MLflow copy) and B's, one run
+    assert store.get_bytes("latest") == b"step_0000005\n"
 
 
 def _budget_file(path, machine: str, spent: float) -> str:
@@ -323,23 +380,22 @@ def _budget_file(path, machine: str, spent: float) -> str:
     return str(path)
 
 
-@pytest.mark.slow
-def test_the_cap_holds_for_the_sum_of_two_machines(s3env, demo_data, tmp_path):
+def test_the_cap_holds_for_the_sum_of_two_machines(s3env, demo_data, tmp_path, monkeypatch, capsys):
     """Machine A spent $20 and was lost; machine B's sidecar counts only B ($16, under the cap alone). Resumed on
     B from the bucket, the ledger brings A's spend along: $36 is over the $35 cap and B does not train."""
-    budget = ("--budget-cap-usd", "35", "--budget-alert-usd", "34", "--budget-expected-step-s", "0.01")
+    budget = ("--budget-cap-usd", "35", "--budget-alert-usd", "34", "--budget-expected-step-s", "0.01", *NARROW)
     a = tmp_path / "machine-a"
-    out = _run(train_cmd(demo_data, a, 4, "--ckpt-remote", s3env, *budget, "--budget-curr-cost-uri",
-                         _budget_file(tmp_path / "a.json", "pod-a", 20.0), ckpt_every=2), os.environ,
-               tmp_path / "a.log")
-    assert out.returncode == 0, out.stdout[-3000:]
+    code, out = _here(train_cmd(demo_data, a, 2, "--ckpt-remote", s3env, *budget, "--budget-curr-cost-uri",
+                                _budget_file(tmp_path / "a.json", "pod-a", 20.0), ckpt_every=2), capsys)
+    assert code == 0, out[-3000:]
     b = tmp_path / "machine-b"
     b_json = _budget_file(tmp_path / "b.json", "pod-b", 16.0)
-    out = _run(train_cmd(demo_data, b, 4, "--ckpt-remote", s3env, "--resume-from-latest", *budget,
-                         "--budget-curr-cost-uri", b_json, ckpt_every=2, seed=False), os.environ, tmp_path / "b.log")
-    assert out.returncode == 3, out.stdout[-3000:]
-    assert "the cost ledger came down ($20.0" in out.stdout
-    assert "spent $36.0" in out.stdout and "over the cap $35.00" in out.stdout   # $20 on A + $16 on B
+    monkeypatch.setenv("X1_RUN_ID", _proof(a)["X1_RUN_ID"])
+    code, out = _here(train_cmd(demo_data, b, 4, "--ckpt-remote", s3env, "--resume-from-latest", *budget,
+                                "--budget-curr-cost-uri", b_json, ckpt_every=2, seed=False), capsys)
+    assert code == 3, out[-3000:]
+    assert "the cost ledger came down ($20.0" in out
+    assert "spent $36.0" in out and "over the cap $35.00" in out   # $20 on A + $16 on B
 
 
 def test_the_other_processes_of_a_node_wait_for_the_pull_and_share_its_failure(tmp_path, monkeypatch):
@@ -366,7 +422,7 @@ def test_the_other_processes_of_a_node_wait_for_the_pull_and_share_its_failure(t
 
 
 def test_a_second_run_on_an_owned_prefix_is_refused_at_launch_and_nothing_of_the_first_changes(s3env, demo_data,
-                                                                                               tmp_path):
+                                                                                               tmp_path, capsys):
     """Run A owns the prefix (its mirror claimed it). Another run pointed there, fresh or with a checkpoint dir
     of its own, is exit 2 naming the prefix, A's run id and the fix, before it writes anything there."""
     from x1_pretrain.training import run_owner
@@ -381,47 +437,22 @@ def test_a_second_run_on_an_owned_prefix_is_refused_at_launch_and_nothing_of_the
     before = {k: store.get_bytes(k) for k in store.list_objects()}
     assert owner and run_owner.OWNER in before
     b = tmp_path / "run-b"
-    out = _run(train_cmd(demo_data, b, 4, "--ckpt-remote", s3env, ckpt_every=2), os.environ, tmp_path / "b.log")
-    assert out.returncode == 2, out.stdout[-3000:]
-    assert f"--ckpt-remote {store.url} belongs to run {owner}" in out.stdout, out.stdout[-3000:]
-    assert "a prefix of its own (another --ckpt-remote)" in out.stdout
-    assert "--resume-from-latest" in out.stdout and "Traceback" not in out.stdout
+    code, out = _here(train_cmd(demo_data, b, 4, "--ckpt-remote", s3env, ckpt_every=2), capsys)
+    assert code == 2, out[-3000:]
+    assert f"--ckpt-remote {store.url} belongs to run {owner}" in out, out[-3000:]
+    assert "a prefix of its own (another --ckpt-remote)" in out
+    assert "--resume-from-latest" in out and "Traceback" not in out
     c = tmp_path / "run-c"       # another experiment's checkpoint dir (its own id), even with --resume-from-latest
     run_owner.keep_local(c, "another-experiment")
-    out = _run(train_cmd(demo_data, c, 4, "--ckpt-remote", s3env, "--resume-from-latest", ckpt_every=2),
-               os.environ, tmp_path / "c.log")
-    assert out.returncode == 2, out.stdout[-3000:]
-    assert f"belongs to run {owner}" in out.stdout and "belongs to run another-experiment" in out.stdout
+    code, out = _here(train_cmd(demo_data, c, 4, "--ckpt-remote", s3env, "--resume-from-latest", ckpt_every=2),
+                      capsys)
+    assert code == 2, out[-3000:]
+    assert f"belongs to run {owner}" in out and "belongs to run another-experiment" in out
     assert {k: store.get_bytes(k) for k in store.list_objects()} == before
     assert not list(b.glob("step_*")) and not list(c.glob("step_*"))
 
 
-@pytest.mark.slow
-def test_the_same_run_resumed_on_an_empty_disk_adopts_its_id_and_prunes_only_its_own(s3env, demo_data, tmp_path):
-    """Run A mirrors step 2 and owns the prefix; a new machine resumes it from an empty disk: it adopts A's run
-    id, trains on, prunes A's old step (the same run's) to keep_last, and leaves a step dir no run of ours wrote."""
-    from x1_pretrain.training import run_owner
-
-    keep = ("--set", "checkpoint.keep_last=1")
-    a = tmp_path / "machine-a"
-    out = _run(train_cmd(demo_data, a, 2, "--ckpt-remote", s3env, *keep, ckpt_every=2), os.environ, tmp_path / "a.log")
-    assert out.returncode == 0, out.stdout[-3000:]
-    store = Store(RemoteURL.parse(s3env))
-    owner = run_owner.local_id(a)
-    assert owner and run_owner.remote_id(store) == owner
-    store.put_bytes(b"someone else's", "step_0000001/model.safetensors")    # not written by this run: it stays
-    b = tmp_path / "machine-b"
-    out = _run(train_cmd(demo_data, b, 6, "--ckpt-remote", s3env, "--resume-from-latest", *keep,
-                         "--allow-config-change", ckpt_every=2, seed=False), os.environ, tmp_path / "b.log")
-    assert out.returncode == 0, out.stdout[-3000:]
-    assert "step_0000002 came down" in out.stdout and f"resuming run {owner}" in out.stdout
-    assert run_owner.local_id(b) == owner
-    assert {k.split("/")[0] for k in store.list_objects("step_")} == {"step_0000001", "step_0000006"}
-    assert store.get_bytes("latest") == b"step_0000006\n"
-    assert store.head("step_0000006/DONE")[1] == {run_owner.META_KEY: owner}
-
-
-def test_a_pull_adopts_the_prefix_run_and_takes_nothing_into_another_runs_dir(s3env, tmp_path):
+def test_a_pull_adopts_the_prefix_run_and_takes_nothing_into_another_runs_dir(s3env, tmp_path, monkeypatch):
     """The store was down at launch (no check then): the pull itself refuses a checkpoint dir of another run
     (exit 2, nothing downloaded) and gives an empty one the prefix's run id."""
     from x1_pretrain.core.errors import X1Error
@@ -439,6 +470,7 @@ def test_a_pull_adopts_the_prefix_run_and_takes_nothing_into_another_runs_dir(s3
         pull(store, other, print)
     assert e.value.exit_code == 2 and not list(other.glob("step_*"))
     empty = tmp_path / "machine-b"
+    monkeypatch.setenv("X1_RUN_ID", run_owner.local_id(src))   # its proof of identity (docs/running.md)
     assert pull(store, empty, print) == "step_0000003"
     assert run_owner.local_id(empty) == run_owner.local_id(src)
 
@@ -466,7 +498,7 @@ def test_a_hostile_mlflow_key_in_the_bucket_is_refused_and_nothing_is_written(s3
     assert written == [], written
 
 
-def test_a_hostile_file_name_in_a_remote_checkpoint_is_refused(s3env, tmp_path):
+def test_a_hostile_file_name_in_a_remote_checkpoint_is_refused(s3env, tmp_path, monkeypatch):
     store = Store(RemoteURL.parse(s3env))
     src = tmp_path / "a"
     mirror = Mirror(store, src, keep_last=3, log=print).start()
@@ -474,6 +506,7 @@ def test_a_hostile_file_name_in_a_remote_checkpoint_is_refused(s3env, tmp_path):
     assert mirror.drain(60)
     mirror.close()
     _put_raw(store, "step_0000004/..", b"owned\n")
+    monkeypatch.setenv("X1_RUN_ID", _proof(src)["X1_RUN_ID"])
     with pytest.raises(X1Error, match=r"step_0000004/\.\. names '\.\.' would be written outside its folder"):
         pull(store, tmp_path / "b", print)
     assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith((".", "step_"))]

@@ -23,7 +23,7 @@ def test_a_fresh_run_claims_an_empty_prefix_and_its_relaunch_goes_on(s3env, tmp_
     assert run_owner.settle(store, tmp_path / "a", resume=True, log=print) == run_id      # a resume on this disk
 
 
-def test_another_run_is_refused_and_a_resume_on_an_empty_disk_adopts(s3env, tmp_path):
+def test_another_run_is_refused_and_a_resume_on_an_empty_disk_adopts(s3env, tmp_path, monkeypatch):
     store = Store(RemoteURL.parse(s3env))
     owner = run_owner.settle(store, tmp_path / "a", resume=False, log=print)
     with pytest.raises(X1Error) as e:     # a fresh --ckpt-dir, another experiment
@@ -36,6 +36,7 @@ def test_another_run_is_refused_and_a_resume_on_an_empty_disk_adopts(s3env, tmp_
     with pytest.raises(X1Error, match="this --ckpt-dir belongs to run run-c"):   # even as a resume
         run_owner.settle(store, tmp_path / "c", resume=True, log=print)
     lines: list[str] = []
+    monkeypatch.setenv("X1_RUN_ID", owner)   # its proof of identity (docs/running.md)
     assert run_owner.settle(store, tmp_path / "d", resume=True, log=lines.append) == owner   # a new machine
     assert run_owner.local_id(tmp_path / "d") == owner and any("adopts its id" in x for x in lines)
     assert run_owner.remote_id(store) == owner

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 
 import numpy as np
 import torch
@@ -22,7 +21,7 @@ from x1_pretrain.training.spike import (
 )
 
 from ..conftest import FAST, TINY
-from ..procs import progress_step, run_info, start, train_cmd, wait_for
+from ..procs import progress_step, run_info, start, train_cmd, train_here, wait_for
 
 
 def test_rare_tokens_are_the_bottom_percent_weighted_by_inverse_count():
@@ -153,21 +152,27 @@ def test_skip_spike_steps_skips_the_updates(demo_data, tmp_path):
     assert metric(tmp_path / "c", "spike/update_skipped") == {25: 1.0, 26: 1.0}
 
 
-def test_resuming_inside_the_injection_window_replays_the_same_batches(demo_data, tmp_path):
+def test_resuming_inside_the_injection_window_replays_the_same_batches(demo_data, tmp_path, capsys):
+    """Run A straight (in this process); run B a real process stopped by SIGTERM inside the injection window,
+    resumed in this process: the same final weights and the same losses over the window and after."""
     # early in the run: the detector (20 warm-up steps) cannot call a natural spike before it, so the
     # injection is never cancelled, and the replay of the injected batches is what is under test
-    spike = ["--inject-spike-at-step", "8", "--spike-batches", "6", "--set", "checkpoint.async_save=false"]
+    spike = ["--inject-spike-at-step", "8", "--spike-batches", "6", "--set", "checkpoint.async_save=false",
+             # a quarter of the FAST batch (grad accumulation still 2): the replay does not depend on its size
+             "--set", "train.batch_size=4", "--set", "train.micro_batch_size=2", "--set", "train.grad_accum_steps=2"]
     a = tmp_path / "a"
-    assert subprocess.run(train_cmd(demo_data, a, 16, *spike), capture_output=True).returncode == 0
+    assert train_here(train_cmd(demo_data, a, 16, *spike)) == 0
     b = tmp_path / "b"
     proc = start(train_cmd(demo_data, b, 16, *spike), tmp_path / "b.log")
     stop_at = random.randint(8, 9)   # the stop lands a step or two later: still inside the window (< 13)
     wait_for(lambda: progress_step(b) >= stop_at, proc=proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 75
-    r = subprocess.run(train_cmd(demo_data, b, 16, *spike, "--resume-from-latest"), capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-2000:]
-    resumed_at = int(r.stdout.split("at step ")[1].split()[0])
+    capsys.readouterr()
+    code = train_here(train_cmd(demo_data, b, 16, *spike, "--resume-from-latest"))
+    out = capsys.readouterr().out
+    assert code == 0, out[-2000:]
+    resumed_at = int(out.split("at step ")[1].split()[0])
     assert 8 <= resumed_at < 13, "the resume point is inside the injection window"
     fa, fb = safetensors_io.load(a / "final.safetensors"), safetensors_io.load(b / "final.safetensors")
     assert all(torch.equal(fa[k], fb[k]) for k in fa)

@@ -104,6 +104,40 @@ def parse_text(text: str | bytes, where: str) -> tuple[dict[str, Any] | None, st
     return (None, problem) if problem else (data, None)
 
 
+def spent(data: dict[str, Any] | None) -> float:
+    """The spend a ledger (one that passed ``problem_of``) has counted; -1 for none."""
+    value = _num(((data or {}).get("memory") or {}).get("spent_usd"))
+    return value if value is not None else -1.0
+
+
+_MAX_KEYS = ("rate_usd_per_hr", "launch_rate_usd_per_hr", "earlier_machines_usd")
+
+
+def merge(base: dict[str, Any] | None, other: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (this side's ledger; None: there is none) with the money ``other`` (one from elsewhere: a bucket,
+    another machine) counted more: the larger spend with the time it was counted, the larger rates and earlier
+    machines' bill, the earlier first start of the run. The rest stays ``base``'s: the alerts already sent, the
+    newest reading, the machine, the events, so a ledger from elsewhere can raise the spend but never lower it
+    nor mark an alert as sent. Without a ``base``, ``other`` whole but with no alert marked as sent (an alert may
+    go out again on a new machine, never be suppressed). Both must have passed ``problem_of``."""
+    if base is None:
+        memory = dict(other.get("memory") or {})
+        memory["alerts_sent"] = []
+        return {**other, "memory": memory}
+    mine, theirs = dict(base.get("memory") or {}), other.get("memory") or {}
+    if spent(other) > spent(base):
+        mine["spent_usd"], mine["spent_at_utc"] = theirs.get("spent_usd"), theirs.get("spent_at_utc")
+    for key in _MAX_KEYS:
+        values = [v for v in (_num(mine.get(key)), _num(theirs.get(key))) if v is not None]
+        if values:
+            mine[key] = max(values)
+    out = {**base, "memory": mine}
+    here, there = parse_time(base.get("run_started_utc")), parse_time(other.get("run_started_utc"))
+    if there is not None and (here is None or there < here):
+        out["run_started_utc"] = format_time(there)
+    return out
+
+
 def read(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(the ledger's JSON, None), (None, None) when there is none, or (None, the problem)."""
     try:

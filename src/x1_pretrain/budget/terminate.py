@@ -41,6 +41,7 @@ class EndOfBill:
     mlflow_uri: str                # where the trainer logged
     export_timeout_s: float = 1800.0
     bundle_remote: str | None = None   # s3://…: the bundle (and the final checkpoint under /checkpoint) go here
+    run_dir: Path | None = None        # the trainer's --ckpt-dir: its x1-run.json says which run pushes
 
 
 def add_flags(ap: Any) -> None:
@@ -114,11 +115,33 @@ def _push_verified(url: str, local: Path, log: Callable[[str], None]) -> list[st
         return [f"{url}: the upload of {local} failed ({e})"]
 
 
+def refused_push(end: EndOfBill) -> str | None:
+    """Why the bundle remote may not be written (None: it may): a prefix another run owns (the nearest
+    ``x1-run.json`` at or above it names another id than this run's, read from ``--ckpt-dir`` or
+    ``$X1_RUN_ID``), or an owner that cannot be read; nothing is pushed then."""
+    assert end.bundle_remote is not None
+    try:
+        run_id = (remote_dir.run_id_of_dir(end.run_dir) if end.run_dir is not None else None) \
+            or remote_dir.given_run_id()
+        remote_dir.check_owner(Store(RemoteURL.parse(end.bundle_remote, what="--bundle-remote")), run_id,
+                               f"the train command's --ckpt-dir holds its x1-run.json, or {remote_dir.RUN_ID_ENV}")
+    except X1Error as e:
+        return str(e)
+    except StoreError as e:
+        return f"the owner ({remote_dir.RUN_FILE}) above {end.bundle_remote} could not be read ({e.kind}: {e.detail})"
+    return None
+
+
 def offload(end: EndOfBill, final_checkpoint: Path | None, log: Callable[[str], None]) -> list[str]:
-    """The bundle to the bundle remote and the final checkpoint to its ``checkpoint/``, both verified; returns
-    what is not off the machine (empty when all of it is)."""
+    """The bundle to the bundle remote and the final checkpoint to its ``checkpoint/``, both verified, unless
+    the remote belongs to another run (:func:`refused_push`: nothing written); returns what is not off the
+    machine (empty when all of it is)."""
     assert end.bundle_remote is not None
     remote = end.bundle_remote.rstrip("/")
+    refused = refused_push(end)
+    if refused is not None:
+        log(f"error: {refused}")
+        return [f"{remote}: not written ({refused})", f"{remote}/{CHECKPOINT_SUBDIR}: not written either"]
     missing = _push_verified(remote, end.export_to, log)
     if final_checkpoint is None:
         missing.append(f"{remote}/{CHECKPOINT_SUBDIR}: no complete final checkpoint on this disk to upload")

@@ -23,6 +23,8 @@ AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "In
               "AuthorizationHeaderMalformed", "InvalidSecurity", "403", "Forbidden", "Unauthorized", "401"}
 MISSING_KEY_CODES = {"NoSuchKey", "404", "NotFound"}
 CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412"}   # a conditional write that lost
+CONDITIONAL_PARAMS = ("IfMatch", "IfNoneMatch")   # PutObject's conditional writes: botocore >= 1.35.69 knows both
+BOTO3_FIX = "pip install 'boto3>=1.35.69' (the first whose botocore has IfMatch and IfNoneMatch on PutObject)"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]$")
 # the fix named in every credential error
 CREDENTIALS_FIX = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for R2, B2, MinIO or "
@@ -59,7 +61,9 @@ class RemoteURL:
 class StoreError(Exception):
     """A store call that failed. ``kind``: ``auth`` (credentials refused or missing), ``bucket`` (no such bucket),
     ``unreachable`` (connection, timeout, a 5xx: worth retrying), ``conflict`` (a conditional write lost: the
-    object changed since it was read, or exists already) or ``other``."""
+    object changed since it was read, or exists already), ``unsupported`` (the conditional writes cannot be made:
+    a botocore too old to know them, or a store that does not implement them; retrying cannot mend it) or
+    ``other``."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
@@ -68,7 +72,7 @@ class StoreError(Exception):
 
     @property
     def fatal_at_launch(self) -> bool:
-        return self.kind in ("auth", "bucket")
+        return self.kind in ("auth", "bucket", "unsupported")
 
 
 def scrub(text: str) -> str:
@@ -97,6 +101,12 @@ def classify(e: BaseException) -> StoreError:
                 pass
         text = scrub(f"{type(e).__name__}: {e}")
         return StoreError("auth" if any(c in text for c in AUTH_CODES if len(c) > 3) else "unreachable", text)
+    if isinstance(e, bx.ParamValidationError) and any(f'"{p}"' in str(e) for p in CONDITIONAL_PARAMS):
+        import botocore
+
+        return StoreError("unsupported", f"botocore {botocore.__version__} does not know PutObject's IfMatch / "
+                          f"IfNoneMatch, the conditional writes x1 needs ({' '.join(scrub(str(e)).split())[:160]}); "
+                          f"{BOTO3_FIX}")
     if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
         return StoreError("auth", f"no usable credentials ({scrub(str(e))})")
     if isinstance(e, bx.ClientError):
@@ -110,6 +120,10 @@ def classify(e: BaseException) -> StoreError:
             return StoreError("bucket", text)
         if code in CONFLICT_CODES or status == 412:
             return StoreError("conflict", text)
+        if code == "NotImplemented" or status == 501:
+            return StoreError("unsupported", f"{text}: the store does not implement a request x1 makes (the "
+                              "conditional writes If-Match / If-None-Match on PutObject: AWS S3, R2 and MinIO take "
+                              "them); use a store that does")
         if status >= 500 or code in ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable"):
             return StoreError("unreachable", text)
         return StoreError("other", text)
@@ -171,7 +185,11 @@ class Store:
                 raise StoreError("bucket", f"no bucket {self.url.bucket!r} at {self.endpoint()}") from None
             raise err from None
         probe = f".x1-write-check-{os.getpid()}"
-        self.put_bytes(b"x1 checks that it may write here\n", probe)
+        try:   # conditional, as the mirror's writes are: a client or store without them is refused here
+            self.put_bytes(b"x1 checks that it may write here\n", probe, if_none_match=True)
+        except StoreError as e:
+            if e.kind != "conflict":   # a probe an earlier process of this pid left: the condition was understood
+                raise
         self.delete([probe])
 
     def put_file(self, path: Path, rel: str, metadata: dict[str, str] | None = None) -> None:
@@ -286,6 +304,8 @@ def launch_error(store: Store, e: StoreError) -> X1Error | None:
     if e.kind == "bucket":
         return X1Error(f"--ckpt-remote {store.url}: {e.detail}; create the bucket first (aws s3 mb "
                        f"s3://{store.url.bucket}, or the provider's console) or fix the name")
+    if e.kind == "unsupported":
+        return X1Error(f"--ckpt-remote {store.url}: {e.detail}")
     if e.kind == "other":
         return X1Error(f"--ckpt-remote {store.url}: the store at {store.endpoint()} refused the check ({e.detail});"
                        " check AWS_DEFAULT_REGION (the bucket's region; R2: auto) and AWS_ENDPOINT_URL")

@@ -225,3 +225,64 @@ def pull(store: Store, local: Path, log: Log) -> str:
     total = sum(int(m["bytes"]) for m in files.values())
     log(f"{store.url} -> {local}: {len(files)} files ({total / 1e6:,.1f} MB), every sha256 checked")
     return "pulled"
+
+
+# -- whose prefix a push writes into: a run never overwrites what another run wrote (training/run_owner.py) --
+RUN_FILE = "x1-run.json"     # a run's id: in its checkpoint dir, and at the root of the --ckpt-remote prefix it owns
+RUN_ID_ENV = "X1_RUN_ID"     # an explicit run id: a fresh run takes it, a resume proves with it which run it is
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def run_id_in(data: bytes | str | None) -> str | None:
+    """The ``run_id`` of an ``x1-run.json`` blob (None: absent or not one)."""
+    try:
+        blob = json.loads(data) if data else None
+    except ValueError:
+        return None
+    run_id = blob.get("run_id") if isinstance(blob, dict) else None
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def run_id_of_dir(ckpt_dir: Path) -> str | None:
+    """The run id a checkpoint dir records (``<ckpt-dir>/x1-run.json``; None: none yet)."""
+    try:
+        return run_id_in((ckpt_dir / RUN_FILE).read_text())
+    except OSError:
+        return None
+
+
+def given_run_id() -> str | None:
+    """``$X1_RUN_ID`` (None when unset or empty); an X1Error (exit 2) for one that is not a plain id."""
+    value = os.environ.get(RUN_ID_ENV, "").strip()
+    if not value:
+        return None
+    if not _RUN_ID_RE.match(value):
+        raise X1Error(f"{RUN_ID_ENV}={value[:120]!r} is not a run id: 1-200 letters, digits, '.', '_' or '-', "
+                      "starting with a letter or digit (e.g. the owner's id that an x1-run.json names)")
+    return value
+
+
+def nearest_owner(store: Store) -> tuple[str, str] | None:
+    """The nearest ``x1-run.json`` at or above the store's prefix: (the owned prefix's URL, its run id), the id
+    ``unreadable`` for one that cannot be parsed; None when no prefix above is owned. A StoreError when one
+    cannot be read."""
+    parts = store.url.prefix.split("/") if store.url.prefix else []
+    for n in range(len(parts), -1, -1):
+        above = Store(type(store.url)(store.url.bucket, "/".join(parts[:n])), *store.timeouts)
+        data = above.get_bytes(RUN_FILE)
+        if data is not None:
+            return str(above.url), run_id_in(data) or "unreadable"
+    return None
+
+
+def check_owner(store: Store, run_id: str | None, how: str) -> None:
+    """Before a push: an X1Error (exit 2) when the prefix it writes into belongs to another run than ``run_id``
+    (or to any run, when ``run_id`` is None); ``how`` says how this command is told its run id."""
+    found = nearest_owner(store)
+    if found is None or (run_id is not None and found[1] == run_id):
+        return
+    prefix, owner = found
+    mine = f"this run is {run_id}" if run_id else f"this push has no run id ({how})"
+    raise X1Error(f"{store.url} is inside {prefix}, which belongs to run {owner} (its {RUN_FILE}); {mine}: a run "
+                  f"never deletes or overwrites another run's files, so nothing was written. Fix: push under a "
+                  f"prefix of your own, or, if this is run {owner}, say so ({how})")

@@ -27,7 +27,7 @@ from typing import Any
 from ..budget.guard import Action, Decision, Limits, money_now
 from ..budget.ledger import Ledger
 from ..budget.money import EvalCost, steps_that_fit
-from ..budget.monitor import BudgetMonitor, Effects
+from ..budget.monitor import BudgetMonitor, Effects, stop_message
 from ..budget.watcher import BudgetWatcher
 from ..core import names as N
 from ..core import redact
@@ -59,22 +59,6 @@ class BudgetSetup:
         if self.force_launch:
             tags[N.TAG_FORCE_LAUNCH] = "true"
         return tags
-
-
-def stop_message(code: int, reason: str, cap_usd: float, spent: float | None,
-                 checkpoint: str | None) -> tuple[str, str]:
-    """(subject, body) of a budget-stop alert: what happened and what to do next."""
-    spent_s = f"${spent:.2f}" if spent is not None else "unknown"
-    subject = f"x1 budget stop (exit {code}): spent {spent_s} of ${cap_usd:.2f}"
-    if checkpoint:
-        after = (f"The run ended at its checkpoint {checkpoint}; final.safetensors was written beside it.\n"
-                 "Next: export the run (python -m x1_pretrain.export_run --mlflow-uri ... --output ...), check the "
-                 "Definition of Done, then TERMINATE the instance: it keeps billing until you do.")
-    else:
-        after = ("No checkpoint was written for the steps since the last one (the money is already over, or the "
-                 "loop could not reach a step boundary).\nNext: TERMINATE the instance now; the newest complete "
-                 "checkpoint is still on disk for export_run or a resume under a higher cap.")
-    return subject, f"Reason: {reason}\nSpent: {spent_s}; cap: ${cap_usd:.2f}.\n{after}"
 
 
 @dataclass(frozen=True, kw_only=True)

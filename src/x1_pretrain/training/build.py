@@ -26,7 +26,7 @@ from ..model import flops
 from ..model.transformer import Transformer, sdpa_backend, state_dict_for_saving
 from . import checkpoint as ck
 from .budget_control import BudgetControl, FitContext
-from .callbacks import ProgressFile, loop_callbacks
+from .callbacks import MirrorRefused, ProgressFile, loop_callbacks
 from .checkpointer import CheckpointCalls, Checkpointer
 from .device import (
     CompileFallback,
@@ -480,6 +480,8 @@ def build_run(ctx: Context) -> Built:
     callbacks.append(spike_watch)
     if control is not None:
         callbacks.append(control)
+    if ctx.mirror is not None:
+        callbacks.append(MirrorRefused(ctx.mirror))
     fpt = flops.flops_per_token(cfg.model)
     peak = ctx.peak_tflops
     run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=optimizer, device=ctx.device, batches=iter(()),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import names as N
-from ..core.errors import EXIT_INTERRUPTED, EXIT_SLOW
+from ..core.errors import EXIT_INTERRUPTED, EXIT_SLOW, EXIT_USAGE
 from .checkpoint import PROGRESS, write_progress
 from .loop import Callback, LoopState, Outcome, Run, StepReport, Verdict, evaluate_and_tell, save_and_tell
 
@@ -77,6 +77,23 @@ class StopTiming(Callback):
         if outcome.exit_code == EXIT_INTERRUPTED and run.stop.requested_at is not None:
             why = run.stop.requested or "a signal to another rank"
             run.console(f"clean stop {run.clock() - run.stop.requested_at:.2f} s after {why}")
+
+
+class MirrorRefused(Callback):
+    """``--ckpt-remote`` found to belong to another run after the launch (the store could not be reached then):
+    the mirror writes nothing there, and the run stops at the next step boundary with a checkpoint kept
+    locally, exit 2 with the launch refusal's text (``run_owner.refusal``). Rank 0's verdict: it holds the
+    mirror."""
+
+    def __init__(self, mirror: Any) -> None:
+        self.mirror = mirror
+
+    def after_step(self, run: Run, state: LoopState, report: StepReport) -> Verdict | None:
+        why = getattr(self.mirror, "refusal", None)
+        if not run.world.main or not why:
+            return None
+        run.console(f"error: {why}")
+        return Outcome(EXIT_USAGE, f"stopped: {why}", report.step), True
 
 
 class ThroughputFloor(Callback):

@@ -25,15 +25,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
-from ..core import safetensors_io
 from ..core.errors import X1Error
+from ..core.fileio import OutsideFolder, inside, pid_alive, replace_dir, sha256_file, write_text_atomic
 from ..core.fileio import fsync_dir as _fsync_dir
-from ..core.fileio import pid_alive, replace_dir, sha256_file, write_text_atomic
+
+if TYPE_CHECKING:
+    import torch
+
+# numpy, torch and the safetensors writer are imported where a tensor is touched: the watchdog reads and writes
+# this module's small files (latest, progress, exit status) and starts in a tenth of the time without torch.
 
 STEP_RE = re.compile(r"^step_(\d{7})$")
 MODEL_FILE, OPTIM_FILE, OPTIM_META, STATE_FILE, DONE_FILE, PIN_FILE = (
@@ -52,6 +54,9 @@ def step_dir_name(step: int) -> str:
 
 # --- RNG state as JSON ------------------------------------------------------------------------------
 def rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
     py = random.getstate()
     np_state: Any = np.random.get_state()
     out: dict[str, Any] = {
@@ -66,6 +71,9 @@ def rng_state() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     v, internal, gauss = state["python"]
     random.setstate((v, tuple(internal), gauss))
     n = state["numpy"]
@@ -79,6 +87,8 @@ def restore_rng(state: dict[str, Any]) -> None:
 # --- snapshots and writing --------------------------------------------------------------------------
 def to_cpu(obj: Any) -> Any:
     """Deep copy with every tensor moved to (or cloned on) the CPU, so training can go on meanwhile."""
+    import torch
+
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
@@ -93,6 +103,8 @@ def flatten_optimizer(state: Any) -> tuple[dict[str, torch.Tensor], dict[str, An
     """(tensors by a name that is their place in ``state``, the JSON of everything else). Tuples, dicts with
     non-string keys (the parameter ids) and tensors are spelled so that ``unflatten_optimizer`` gives back the
     same structure, the same dtypes and the same bits."""
+    import torch
+
     tensors: dict[str, torch.Tensor] = {}
 
     def enc(obj: Any, where: str) -> Any:
@@ -150,12 +162,16 @@ def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: Any, where: Path
 
 
 def _torch_version() -> tuple[int, int]:
+    import torch
+
     m = re.match(r"(\d+)\.(\d+)", torch.__version__)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def _load_legacy_optimizer(path: Path, map_location: Any) -> dict[str, Any]:
     """An ``optimizer.pt`` of an older x1 checkpoint: a pickle, read only where torch's guard holds."""
+    import torch
+
     if _torch_version() < SAFE_TORCH_LOAD:
         raise X1Error(f"{path}: this checkpoint's optimizer state is a pickle ({LEGACY_OPTIM}, written by an older "
                       f"x1): it cannot be loaded safely with torch {torch.__version__}: before 2.6, "
@@ -171,6 +187,8 @@ def _load_legacy_optimizer(path: Path, map_location: Any) -> dict[str, Any]:
 
 def save_optimizer(state: dict[str, Any], tensors_path: Path, meta_path: Path) -> dict[str, str]:
     """Write the optimizer state as safetensors + JSON (each fsynced); returns {file name: sha256}."""
+    from ..core import safetensors_io
+
     tensors, meta = flatten_optimizer(state)
     out = {tensors_path.name: safetensors_io.save(tensors, tensors_path, {"format": "pt"})}
     with open(meta_path, "w") as f:
@@ -217,6 +235,8 @@ def write_step_dir(ckpt_dir: Path, snap: StepSnapshot) -> tuple[Path, int]:
 
 
 def _fill_step_dir(tmp: Path, snap: StepSnapshot) -> None:
+    from ..core import safetensors_io
+
     files = {MODEL_FILE: safetensors_io.save(snap.model, tmp / MODEL_FILE, {"format": "pt"})}
     files |= save_optimizer(snap.optimizer, tmp / OPTIM_FILE, tmp / OPTIM_META)
     state = {**snap.state, "files": files}
@@ -259,6 +279,8 @@ def write_final_files(ckpt_dir: Path, step_dir: Path) -> dict[str, str]:
 
 def _write_final_pt(ckpt_dir: Path, step_dir: Path) -> str:
     """``final-optimizer.pt`` from the step dir's safetensors optimizer state; returns its sha256."""
+    import torch
+
     tmp = ckpt_dir / f".{FINAL_OPTIM_PT}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
@@ -307,18 +329,71 @@ def read_latest(ckpt_dir: Path) -> str | None:
         return None
 
 
+_NONE = type(None)
+# the fields of trainer_state.json that x1 reads, and the JSON types each may have (a checkpoint may come from a
+# bucket or another rank: a wrong type must make it invalid, never crash the resume)
+_STATE_TYPES: dict[str, tuple[type, ...]] = {
+    "tokens_seen": (int,), "train_time_s": (int, float), "wall_clock_s": (int, float),
+    "last_loss": (int, float), "last_val_loss": (int, float), "world_size": (int,), "rng": (dict,),
+    "config": (dict,), "data_position": (dict,), "machine": (dict, _NONE), "config_sha256": (str,),
+    "budget_guard": (dict, _NONE), "budget": (dict, _NONE), "schedule": (dict, _NONE), "spike": (dict, _NONE),
+    "mlflow_run_id": (str, _NONE), "mlflow_uri": (str, _NONE), "data_dir": (str, _NONE)}
+_RNG_TYPES: dict[str, tuple[type, ...]] = {"python": (list,), "numpy": (list,), "torch": (str,), "cuda": (list,)}
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_DIR_STEP_RE = re.compile(r"^\.?step_(\d{7})(?:$|\.)")   # a step dir, or its hidden pull/transfer folder
+
+
+def _typed(value: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+
+def state_problem(state: Any, path: Path) -> str | None:
+    """Why a decoded ``trainer_state.json`` is not one x1 wrote, or None: an object whose ``step`` is an integer
+    (the step of its folder's name), whose ``files`` map names inside the folder (``fileio.inside``) to sha256
+    digests, and whose other fields x1 reads have their types."""
+    if not isinstance(state, dict):
+        return f"{STATE_FILE} is a JSON {type(state).__name__}, not an object"
+    step = state.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return f"{STATE_FILE}: step is {step!r}, not an integer of 0 or more"
+    m = _DIR_STEP_RE.match(path.name)
+    if m and int(m.group(1)) != step:
+        return f"{STATE_FILE}: step {step} in the folder of step {int(m.group(1))}"
+    bad = [k for k, types in _STATE_TYPES.items() if k in state and not _typed(state[k], types)]
+    bad += [f"rng.{k}" for k, types in _RNG_TYPES.items()
+            if isinstance(state.get("rng"), dict) and k in state["rng"] and not _typed(state["rng"][k], types)]
+    if bad:
+        return f"{STATE_FILE}: {', '.join(bad)} of the wrong type"
+    files = state.get("files")
+    if not isinstance(files, dict):
+        return f"{STATE_FILE}: files is {type(files).__name__}, not an object of file name to sha256"
+    for name, digest in files.items():
+        try:
+            inside(path, name, f"{STATE_FILE} names the file")
+        except OutsideFolder as e:
+            return str(e)
+        if not isinstance(digest, str) or not _SHA256_RE.match(digest):
+            return f"{STATE_FILE}: the sha256 of {name} is {digest!r}, not 64 hex digits"
+    return None
+
+
 def verify(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(trainer state, None) when the checkpoint is complete and intact, else (None, the problem)."""
+    """(trainer state, None) when the checkpoint is complete and intact, else (None, the problem): a state file
+    that is not one x1 wrote (``state_problem``) makes it invalid, like a failed hash."""
     if not (path / DONE_FILE).is_file():
         return None, "no DONE marker (the write was interrupted)"
     try:
         state_text = (path / STATE_FILE).read_text()
         state = json.loads(state_text)
-    except (OSError, json.JSONDecodeError) as e:
-        return None, f"{STATE_FILE} unreadable ({e})"
-    if hashlib.sha256(state_text.encode()).hexdigest() != (path / DONE_FILE).read_text().strip():
+        done = (path / DONE_FILE).read_text().strip()
+    except (OSError, ValueError, RecursionError) as e:
+        return None, f"{STATE_FILE} unreadable ({type(e).__name__}: {e})"
+    if hashlib.sha256(state_text.encode()).hexdigest() != done:
         return None, f"{STATE_FILE} does not match the hash in DONE"
-    for name, digest in state.get("files", {}).items():
+    problem = state_problem(state, path)
+    if problem is not None:
+        return None, problem
+    for name, digest in state["files"].items():
         f = path / name
         if not f.is_file():
             return None, f"{name} is missing"
@@ -346,12 +421,16 @@ def find_latest_complete(ckpt_dir: Path, warn: Callable[[str], None]) -> Found |
 
 
 def load_weights(path: Path) -> dict[str, torch.Tensor]:
+    from ..core import safetensors_io
+
     return safetensors_io.load(path / MODEL_FILE if path.is_dir() else path)
 
 
 def load_optimizer(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     """The optimizer state of a step dir (or of its ``.safetensors`` file, or a final one, with the ``.json`` of
     the same stem beside it); an ``optimizer.pt`` of an older checkpoint only where torch is >= 2.6."""
+    from ..core import safetensors_io
+
     if path.is_dir():
         if not (path / OPTIM_FILE).is_file() and (path / LEGACY_OPTIM).is_file():
             return _load_legacy_optimizer(path / LEGACY_OPTIM, map_location)

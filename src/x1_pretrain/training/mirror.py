@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..budget import ledger
+from ..budget.ledger import LEDGER_FILE
 from ..core import names as N
 from ..core.objstore import MISSING_KEY_CODES, Store, StoreError, scrub
 from . import checkpoint as ck
@@ -191,9 +193,11 @@ class Mirror:
         self.upload_s = 0.0
         self._wait = sleep
         self._sent: dict[str, tuple[int, int]] = {}   # a file store's files as last uploaded (size, mtime)
-        # who this run is (run_owner): read from the checkpoint dir; None until the mirror adopts the prefix's
+        # who this run is (run_owner): read from the checkpoint dir; None until the mirror claims a prefix
         self.run_id: str | None = run_owner.local_id(ckpt_dir)
+        self.resume = False                  # a --resume-from-latest run: it may claim a prefix of ownerless steps
         self.refused: str | None = None      # the run that owns the prefix when it is not this one: nothing goes up
+        self.refusal: str | None = None      # then why, as the launch would have said it (the run stops with it)
         self.remote_newest = -1              # the newest complete remote step as last listed (-1: none, unknown)
         self._checked_in = False             # owner checked, old multipart uploads aborted, remote_newest listed
         self._started_unix = time.time()
@@ -316,6 +320,8 @@ class Mirror:
             self._upload_mlflow(Path(job.name))
         elif job.kind == "mlflow_files":
             self._upload_mlflow_files(Path(job.name))
+        elif job.name == LEDGER_FILE:
+            self._put_ledger(self.dir / LEDGER_FILE)
         else:
             path = self.dir / job.name
             if path.is_file():
@@ -330,22 +336,58 @@ class Mirror:
             self.store.put_file(path, rel, metadata=meta)
         self.uploaded_bytes += size
 
+    def _put_ledger(self, path: Path) -> None:
+        """The cost ledger never lowers the remote's spend: the remote copy is read (validated like a pull), the
+        local one goes up with the money the remote counted more (``ledger.merge``), by a conditional write on
+        the ETag read (or on its absence), so a writer that changed it meanwhile is read again, not overwritten.
+        A remote copy that is not a ledger is replaced; a local one that is not is not uploaded."""
+        if not path.is_file():
+            return
+        local, problem = ledger.parse_text(path.read_bytes(), str(path))
+        if local is None:
+            self._warn_once("bad-ledger", f"{problem}: it is not uploaded", alert=False)
+            return
+        meta = {run_owner.META_KEY: self.run_id} if self.run_id else None
+        for _ in range(5):
+            cur = self.store.get_tagged(LEDGER_FILE)
+            remote = ledger.parse_text(cur[0], f"the remote {self.store.url}/{LEDGER_FILE}")[0] if cur else None
+            blob = ledger.merge(local, remote) if remote is not None else local
+            data = (json.dumps(blob, indent=1) + "\n").encode()
+            try:
+                self.store.put_bytes(data, LEDGER_FILE, if_match=cur[1] if cur else None, if_none_match=cur is None,
+                                     metadata=meta)
+            except StoreError as e:   # another writer changed it between the read and the write: read it again
+                if e.kind != "conflict" and e.detail.split(":")[0] not in MISSING_KEY_CODES:
+                    raise
+                continue
+            self.uploaded_bytes += len(data)
+            if ledger.spent(blob) > ledger.spent(local):
+                self._warn_once("ledger-merged", f"the remote {LEDGER_FILE} in {self.store.url} counted "
+                                f"${ledger.spent(remote):.2f}, more than this run's ${ledger.spent(local):.2f}: "
+                                "the larger spend stays in the remote's", alert=False)
+            return
+        raise StoreError("conflict", f"the remote {LEDGER_FILE} kept changing under this run's writes")
+
     # -- ownership: before anything is written, and before anything is deleted --
     def _check_in(self) -> None:
         """Once, before the first write (retried like an upload while the store is down, so a launch that could
-        not reach it checks here): the prefix's owner is this run (claimed when it has none; adopted by a resume
-        whose checkpoint dir had no id), the multipart uploads an earlier process left under the prefix are
-        aborted, and the newest complete remote step is listed."""
+        not reach it checks here): the prefix's owner is this run (claimed when it has none and holds no older
+        run's checkpoints, or this is a resume: ``run_owner.settle``'s rule), the multipart uploads an earlier
+        process left under the prefix are aborted, and the newest complete remote step is listed. Anything else is
+        refused: nothing is written, and the run stops at its next step boundary (``MirrorRefused``)."""
         owner = run_owner.remote_id(self.store)
         if owner is None:
-            owner = run_owner.claim(self.store, self.run_id or run_owner.new_run_id())
-            if self.run_id is None or owner == self.run_id:
+            legacy = run_owner.legacy_refusal(self.store, self.resume)
+            if legacy is not None:
+                self._refuse("an earlier run (no owner object)", legacy)
+                return
+            mine = self.run_id or run_owner.new_run_id()
+            owner = run_owner.claim(self.store, mine)
+            if owner == mine:
+                self.run_id = mine
                 self._log(f"mirror: {self.store.url} belongs to run {owner}")
-        if self.run_id is None and owner != "unreadable":
-            self.run_id = owner     # a resume with no id recorded: this run is the prefix's
-        if owner != self.run_id:
-            self._refuse(owner)
-            self._checked_in = True
+        if owner != self.run_id:   # never adopted without proof (run_owner.identity)
+            self._refuse(owner, run_owner.refusal(self.store, owner, self.run_id))
             return
         run_owner.keep_local(self.dir, self.run_id)
         for key in self.store.abort_uploads(self._started_unix, mine=self._mirrored_key):
@@ -359,11 +401,10 @@ class Mirror:
         prefix (the cloud script's tokens, logs, the bundle), whose uploads may be under way right now."""
         return bool(ck.STEP_RE.match(rel.split("/")[0])) or rel == MLFLOW_DB or rel.startswith(MLFLOW_FILES + "/")
 
-    def _refuse(self, owner: str) -> None:
-        self.refused = owner
-        msg = (f"{self.store.url} belongs to run {owner}, not to this run ({self.run_id}): the mirror uploads "
-               "nothing there and deletes nothing; local checkpoints go on. Give this run a prefix of its own "
-               "(--ckpt-remote), or continue that run with --resume-from-latest")
+    def _refuse(self, owner: str, why: Exception) -> None:
+        self.refusal, self.refused, self._checked_in = str(why), owner, True
+        msg = (f"{why}. The mirror uploads nothing there and deletes nothing; the run stops at its next step "
+               "boundary with a local checkpoint (exit 2)")
         self._log(f"WARNING: {msg}")
         self._send(f"x1 checkpoint mirror refused ({self.store.url})", msg + ".")
 

@@ -4,8 +4,9 @@ this machine before anything reads the checkpoint dir.
 The newest complete remote checkpoint (one with ``DONE``) comes down when it is newer than the newest complete
 local one, into a hidden folder that is verified (``DONE`` against ``trainer_state.json``, each file against its
 recorded sha256) and only then renamed into place; one that fails is named and the next older is tried. The
-ledger comes down when the remote's has counted more money than the local one (so a new machine's spend starts
-from the mirrored ledger, never from zero), the exit status and the sqlite MLflow copy when this machine has none.
+ledger's money comes down when the remote's has counted more than the local one (so a new machine's spend starts
+from the mirrored ledger, never from zero; merged field by field, the local alert state kept), the MLflow copy
+when this machine has none. The remote's exit status is never pulled (it tells of another machine's start).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..budget.ledger import LEDGER_FILE, parse_text, read
+from ..budget.ledger import LEDGER_FILE, merge, parse_text, read, spent
 from ..core.errors import EXIT_INTERRUPTED, EXIT_STORE_UNAVAILABLE, EXIT_UNEXPECTED, X1Error
 from ..core.fileio import fsync_dir, inside, replace_dir, write_text_atomic
 from ..core.objstore import Store, StoreError, launch_error
@@ -96,22 +97,23 @@ def _pull(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | No
     _same_run(store, ckpt_dir, objects)
     pulled = _pull_checkpoint(store, ckpt_dir, objects, local, log)
     _pull_ledger(store, ckpt_dir, objects, log)
-    if ck.EXIT_STATUS in objects and not (ckpt_dir / ck.EXIT_STATUS).exists():
-        _download(store, ck.EXIT_STATUS, ckpt_dir / ck.EXIT_STATUS)
+    # the remote's exit_status.json is never pulled: it tells of an earlier machine's start, and a copy in the
+    # checkpoint dir (the watchdog's fallback) must only ever be one a trainer on this disk wrote
     if mlflow_store is not None and _empty(mlflow_store.path):
         _pull_mlflow(store, objects, mlflow_store, log)
     return pulled
 
 
 def _same_run(store: Store, ckpt_dir: Path, objects: dict[str, int]) -> None:
-    """A checkpoint dir of another run pulls nothing from this prefix (exit 2, ``run_owner``); one with no run id
-    yet adopts the prefix's (a resume of that run). The launch checked this when the store answered then."""
+    """A checkpoint dir of another run pulls nothing from this prefix (exit 2, ``run_owner``), nor one that gives
+    no proof of being the owner's run: its id is the checkpoint dir's, else ``$X1_RUN_ID`` (kept there once it
+    matches). The launch checked this when the store answered then."""
     if run_owner.OWNER not in objects:
         return
-    owner, mine = run_owner.remote_id(store), run_owner.local_id(ckpt_dir)
-    if owner is None or owner == mine:
+    owner, mine = run_owner.remote_id(store), run_owner.identity(ckpt_dir)
+    if owner is None:
         return
-    if mine is None and owner != "unreadable":
+    if owner == mine:
         run_owner.keep_local(ckpt_dir, owner)
         return
     raise run_owner.refusal(store, owner, mine)
@@ -197,12 +199,6 @@ def _pull_checkpoint(store: Store, ckpt_dir: Path, objects: dict[str, int], loca
     return None
 
 
-def _spent(blob: dict | None) -> float:
-    memory = (blob or {}).get("memory") or {}
-    value = memory.get("spent_usd")
-    return float(value) if isinstance(value, (int, float)) else -1.0
-
-
 def _pull_ledger(store: Store, ckpt_dir: Path, objects: dict[str, int], log: Log) -> None:
     if LEDGER_FILE not in objects:
         return
@@ -220,9 +216,11 @@ def _pull_ledger(store: Store, ckpt_dir: Path, objects: dict[str, int], log: Log
         log(f"budget warning: {problem}; not used{kept}; the local ledger stands")
         return
     local, _ = read(ckpt_dir / LEDGER_FILE)
-    if _spent(remote) > _spent(local):   # a pulled ledger only ever raises the spend counted here
-        write_text_atomic(ckpt_dir / LEDGER_FILE, json.dumps(remote, indent=1) + "\n")
-        log(f"remote: the cost ledger came down (${_spent(remote):.2f} counted so far): the spend starts there")
+    merged = merge(local, remote)   # only ever raises the money counted here; the alerts state stays this disk's
+    if (local is None and spent(remote) < 0) or merged == local:
+        return
+    write_text_atomic(ckpt_dir / LEDGER_FILE, json.dumps(merged, indent=1) + "\n")
+    log(f"remote: the cost ledger came down (${spent(merged):.2f} counted so far): the spend starts there")
 
 
 # -- several processes on one node (torchrun): the first pulls, the others wait for it ------------------------

@@ -4,7 +4,8 @@ checkpoints.
 A run's id is made once, by its first launch, and kept in ``<ckpt-dir>/x1-run.json``; the prefix's owner object
 ``PREFIX/x1-run.json`` holds the id of the run that first wrote there, created with a conditional write
 (``If-None-Match: *``) so two runs that start together cannot both become its owner. Relaunches and resumes of
-the same run keep the id (the checkpoint dir holds it; a resume on an empty disk adopts the prefix's). Every object
+the same run keep the id (the checkpoint dir holds it; a resume on an empty disk proves it with ``$X1_RUN_ID``:
+nothing adopts an owner's id without that proof). Every object
 the mirror writes carries the id as user metadata (``x1-run``), and the mirror deletes only objects that carry
 its own (``training/mirror.py``).
 """
@@ -20,9 +21,10 @@ from pathlib import Path
 from ..core.errors import X1Error
 from ..core.fileio import write_text_atomic
 from ..core.objstore import Store, StoreError
+from ..core.remote_dir import RUN_FILE, RUN_ID_ENV, given_run_id, run_id_in
 from . import checkpoint as ck
 
-OWNER = "x1-run.json"      # in the checkpoint dir and under the prefix
+OWNER = RUN_FILE           # "x1-run.json": in the checkpoint dir and under the prefix
 FORMAT = "x1-run/1"
 META_KEY = "x1-run"        # the user metadata every mirrored object carries: the id of the run that wrote it
 
@@ -33,13 +35,7 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
 
 
-def _parse(data: bytes | str | None) -> str | None:
-    try:
-        blob = json.loads(data) if data else None
-    except ValueError:
-        return None
-    run_id = blob.get("run_id") if isinstance(blob, dict) else None
-    return run_id if isinstance(run_id, str) and run_id else None
+_parse = run_id_in
 
 
 def _blob(run_id: str) -> str:
@@ -87,24 +83,44 @@ def _legacy_steps(store: Store) -> list[str]:
 
 
 def refusal(store: Store, owner: str, mine: str | None) -> X1Error:
-    this = f"; this --ckpt-dir belongs to run {mine}" if mine else ""
+    this = f"; this --ckpt-dir belongs to run {mine}" if mine else \
+        f"; this run gives no proof that it is that run (no {OWNER} in its --ckpt-dir, no {RUN_ID_ENV})"
     return X1Error(f"--ckpt-remote {store.url} belongs to run {owner} (its {OWNER}){this}: a run never deletes or "
                    f"overwrites another run's checkpoints. Fix: give this run a prefix of its own (another "
-                   f"--ckpt-remote), or continue run {owner} with --resume-from-latest and an empty --ckpt-dir "
-                   "(the resume adopts that run)")
+                   f"--ckpt-remote), or continue run {owner} with --resume-from-latest and {RUN_ID_ENV}={owner} "
+                   "in the environment (or the --ckpt-dir that run wrote)")
+
+
+def legacy_refusal(store: Store, resume: bool) -> X1Error | None:
+    """For a prefix without an owner: the exit-2 error when it holds checkpoints (written before run ids
+    existed) that a fresh run would write over; None when it may be claimed."""
+    held = [] if resume else _legacy_steps(store)
+    if not held:
+        return None
+    return X1Error(f"--ckpt-remote {store.url} already holds checkpoints ({held[-1]}) but no {OWNER}; pass "
+                   "--resume-from-latest to continue that run, or choose another prefix")
+
+
+def identity(ckpt_dir: Path) -> str | None:
+    """The proof of who this run is: the id its checkpoint dir records, else ``$X1_RUN_ID``; an X1Error (exit 2)
+    when both are there and differ."""
+    mine, given = local_id(ckpt_dir), given_run_id()
+    if mine and given and mine != given:
+        raise X1Error(f"{RUN_ID_ENV}={given} but {ckpt_dir / OWNER} says this checkpoint dir belongs to run {mine}: "
+                      f"unset {RUN_ID_ENV} (or set it to {mine}) to continue that run, or use another --ckpt-dir")
+    return mine or given
 
 
 def settle(store: Store, ckpt_dir: Path, resume: bool, log: Log) -> str:
     """At launch, with the store answering: the run id this process mirrors under, the prefix claimed or adopted;
     an X1Error (exit 2) for a prefix that another run owns, or one with checkpoints and no owner that a fresh run
-    would write over. A resume whose checkpoint dir has no id yet adopts the prefix's owner (that is a resume of
-    that run, on a new machine)."""
-    mine, owner = local_id(ckpt_dir), remote_id(store)
+    would write over. This run is the id its checkpoint dir records, else ``$X1_RUN_ID`` (a resume on a new
+    machine proves with it that it is the owner's run), else a new one; a prefix owned by any other id is refused."""
+    mine, owner = identity(ckpt_dir), remote_id(store)
     if owner is None:
-        held = _legacy_steps(store)
-        if held and not resume:
-            raise X1Error(f"--ckpt-remote {store.url} already holds checkpoints ({held[-1]}) but no {OWNER}; pass "
-                          "--resume-from-latest to continue that run, or choose another prefix")
+        legacy = legacy_refusal(store, resume)
+        if legacy is not None:
+            raise legacy
         run_id = mine or new_run_id()
         owner = claim(store, run_id)
         if owner == run_id:
@@ -112,20 +128,22 @@ def settle(store: Store, ckpt_dir: Path, resume: bool, log: Log) -> str:
             log(f"remote: {store.url} belongs to run {run_id} ({OWNER} created)")
             return run_id
     if owner == mine:
-        return owner
-    if mine is None and resume and owner != "unreadable":
-        keep_local(ckpt_dir, owner)
-        log(f"remote: resuming run {owner}, the owner of {store.url}: this checkpoint dir adopts its id")
+        if local_id(ckpt_dir) is None:
+            keep_local(ckpt_dir, owner)
+            log(f"remote: resuming run {owner}, the owner of {store.url} ({RUN_ID_ENV}): this checkpoint dir "
+                "adopts its id")
         return owner
     raise refusal(store, owner, mine)
 
 
 def offline(ckpt_dir: Path, resume: bool) -> str | None:
-    """At launch, with the store not answering: the id kept locally, a new one for a fresh run, or None for a
-    resume with none recorded (the mirror adopts the prefix's owner when the store answers)."""
-    mine = local_id(ckpt_dir)
+    """At launch, with the store not answering: the id kept locally (else ``$X1_RUN_ID``), a new one for a fresh
+    run, or None for a resume with neither (the mirror claims a prefix with no owner, and refuses an owned one,
+    when the store answers)."""
+    mine = identity(ckpt_dir)
     if mine is None and not resume:
         mine = new_run_id()
+    if mine is not None:
         keep_local(ckpt_dir, mine)
     return mine
 

@@ -30,7 +30,9 @@ from ..core.errors import (
     EXIT_CHECKPOINT_FAILED,
     EXIT_DIVERGED,
     EXIT_INTERRUPTED,
+    EXIT_OK,
     EXIT_UNEXPECTED,
+    EXIT_USAGE,
     CheckpointFailed,
     RankLost,
     X1Error,
@@ -235,7 +237,8 @@ class _Where:
 def open_remote(opts: TrainOptions, cfg: C.Config, world: Any, log: Log) -> Any:
     """The ``checkpoint.remote`` store (None without one): credentials and bucket checked now (exit 2 naming the
     fix), a store that cannot be reached is a warning; a prefix another run owns is refused (``run_owner``: a
-    fresh run's own id claims it, a resume on an empty disk adopts its owner's); a resume brings the remote's
+    fresh run's own id claims it, a resume on an empty disk continues its owner's run only with
+    ``X1_RUN_ID=<owner>``); a resume brings the remote's
     newest complete checkpoint, ledger and MLflow copy down first (with nothing local, waiting up to
     checkpoint.remote_wait_min for a store that cannot be reached: then exit 8)."""
     if not cfg.checkpoint.remote:
@@ -272,12 +275,16 @@ def _start_mirror(opts: TrainOptions, cfg: C.Config, store: Any, log: Log, setup
     log(f"mirror: checkpoints, the cost ledger, the exit status{' and the MLflow store' if db else ''} go to "
         f"{store.url} at {store.endpoint()}" + ("" if db else " (the MLflow tracking server is not mirrored: it "
                                                           "outlives this machine)"))
-    return Mirror(store, opts.ckpt_dir, cfg.checkpoint.keep_last, log, send, upload_process=True).start()
+    mirror = Mirror(store, opts.ckpt_dir, cfg.checkpoint.keep_last, log, send, upload_process=True)
+    mirror.resume = opts.resume   # a resume may claim a prefix of ownerless checkpoints (run_owner.legacy_refusal)
+    return mirror.start()
 
 
-def _end_mirror(ctx: Context, code: int) -> None:
+def _end_mirror(ctx: Context, code: int) -> int:
     """The last uploads: the exit status, the ledger and the MLflow copy after the final (or stop) checkpoint,
-    within what is left of --stop-grace-s after a stop, else within MIRROR_END_WAIT_S; says what did not make it."""
+    within what is left of --stop-grace-s after a stop, else within MIRROR_END_WAIT_S; says what did not make it.
+    Returns the exit code: a run that finished before its mirror found the prefix another run's is exit 2 (so
+    nothing after it, an export or --terminate-on-exit, takes it for a run whose prefix it owns)."""
     mirror = ctx.mirror
     ck.record_exit_status(ctx.ckpt_dir, code, "see the log")
     for name in (ledger.LEDGER_FILE, ck.EXIT_STATUS):
@@ -291,15 +298,20 @@ def _end_mirror(ctx: Context, code: int) -> None:
     if mirror.drain(budget_s, failures=3 if left is None else 1):
         if getattr(mirror, "refused", None):   # another run's prefix (run_owner): said at the time, said again
             ctx.log(f"WARNING: nothing of this run went to {mirror.store.url}: it belongs to run {mirror.refused}")
-            return
+            if code != EXIT_OK:
+                return code
+            print(f"error: {mirror.refusal}", file=sys.stderr, flush=True)
+            ck.record_exit_status(ctx.ckpt_dir, EXIT_USAGE, str(mirror.refusal)[:2000])
+            return EXIT_USAGE
         ctx.log(f"mirror: {mirror.store.url} is up to date (latest {mirror.remote_latest or 'unchanged'}; "
                 f"{mirror.uploaded_bytes / 1e6:,.1f} MB in {mirror.upload_s:.1f} s of uploads this process)")
-        return
+        return code
     local = ck.read_latest(ctx.ckpt_dir)
     ctx.log(f"WARNING: the mirror could not upload {', '.join(mirror.pending())} within {time.monotonic() - t0:.0f} s"
             + (f" ({mirror.last_error})" if mirror.last_error else "") + f": the remote's latest is "
             f"{mirror.remote_latest or 'as before this process'}, the local one {local or 'none'}; a resume on this "
             "machine uses the local checkpoint, one on another machine the remote's")
+    return code
 
 
 def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, setup: BudgetSetup | None) -> int:
@@ -319,7 +331,7 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
                       mlflow_store=mlflow_store(opts.mlflow_uri, opts.ckpt_dir))
         code = run_training(ctx, cap_set=setup is not None)
         if mirror is not None:
-            _end_mirror(ctx, code)
+            code = _end_mirror(ctx, code)
         if world.size > 1:
             # Ranks leave together once rank 0 has written its last checkpoint and its exit status: a rank
             # that left early with a non-zero code would make torchrun signal rank 0 mid-write.

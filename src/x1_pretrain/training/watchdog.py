@@ -5,6 +5,7 @@ documented in ``watchdog.py``."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -166,6 +167,15 @@ class _Exit:
 CRASH_LOOP, GAVE_UP, STOPPED = "crash_loop", "gave_up", "stopped"
 
 
+def _of_this_start(status: dict[str, Any] | None, started_at: float) -> bool:
+    """Whether an exit record tells of the start being judged: written after it began and not later than now. An
+    older one is an earlier start's; one from the future was not written here (a copy from another machine)."""
+    when = status.get("time_unix") if status is not None else None
+    if not isinstance(when, (int, float)) or isinstance(when, bool):
+        return False
+    return started_at - 1 <= when <= time.time() + 1
+
+
 class Watchdog:
     def __init__(self, cmd: list[str], opts: WatchdogOptions) -> None:
         self.cmd, self.opts = cmd, opts
@@ -265,8 +275,9 @@ class Watchdog:
     def _trainer_code(self, code: int, started_at: float) -> int:
         """The trainer's own exit code: under torchrun the process we ran reports 1 for any worker failure,
         so rank 0's recorded status (written after this child started) is the truth."""
-        status = read_exit_status(self.status_file) or read_exit_status(self.ckpt_dir)
-        if status is None or float(status.get("time_unix", 0)) < started_at - 1 or status["exit_code"] == code:
+        status = next((s for s in (read_exit_status(self.status_file), read_exit_status(self.ckpt_dir))
+                       if _of_this_start(s, started_at)), None)
+        if status is None or status["exit_code"] == code:
             return code
         self.log(f"the command exited with {code}; the trainer (rank 0) recorded exit {status['exit_code']} "
                  f"({describe_exit(status['exit_code'])}): acting on that")
@@ -275,7 +286,7 @@ class Watchdog:
     def _recorded_since(self, started_at: float) -> dict[str, Any] | None:
         """The exit status a trainer of this start recorded in the file this watchdog owns, or None."""
         status = read_exit_status(self.status_file)
-        return status if status is not None and float(status.get("time_unix", 0)) >= started_at - 1 else None
+        return status if _of_this_start(status, started_at) else None
 
     def _no_rendezvous(self, code: int, recorded: dict[str, Any] | None) -> None:
         """Say it when a multi-node torchrun ended before any trainer of this node recorded an exit: its
@@ -347,6 +358,7 @@ class Watchdog:
             if self.ending in (CRASH_LOOP, GAVE_UP):
                 self._end_at_last_checkpoint(code)
             final = find_latest_complete(self.ckpt_dir, self.log)   # goes off the machine with the bundle
+            end = end if end.run_dir is not None else dataclasses.replace(end, run_dir=self.ckpt_dir)   # its run id
             end_the_bill(end, code, self.log, self.opts.alerter, final.path if final else None)   # it alerts
             return
         if code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
@@ -523,7 +535,7 @@ class Watchdog:
             self.log(f"trainer ended (exit {code}) by the watchdog's budget stop; not relaunching",
                      event="final_exit", exit_code=EXIT_BUDGET_NOW)
             if self.opts.alerter is not None:
-                from .budget_control import stop_message
+                from ..budget.monitor import stop_message  # torch-free: the watchdog never imports torch
 
                 line = self.opts.budget_line
                 subject, body = stop_message(EXIT_BUDGET_NOW, reason, line.cap_usd if line else 0.0,
