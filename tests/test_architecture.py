@@ -239,3 +239,84 @@ def test_tag_names_are_constants_and_every_tag_read_is_written():
     assert constants == {k for k, v in vars(names).items() if isinstance(v, str) and v in names.TAGS}
     assert constants <= written, f"defined but never written: {sorted(constants - written)}"
 
+
+
+HEAVY = ("torch", "numpy", "mlflow", "boto3", "safetensors", "transformers")
+
+
+def _loaded_at_import(path: Path) -> tuple[set[str], set[str]]:
+    """(internal modules, external top-level packages) that importing ``path`` runs: its module-level imports,
+    those under a top-level if/try included, not the ones a function makes when it is called."""
+    tree = ast.parse(path.read_text())
+    body = list(tree.body)
+    top: list[ast.stmt] = []
+    while body:
+        node = body.pop(0)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            body[:0] = node.orelse   # what only a type checker reads
+        elif isinstance(node, (ast.If, ast.Try)):
+            body[:0] = [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
+                        *(s for h in getattr(node, "handlers", []) for s in h.body)]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and not (
+                isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+            top.append(node)
+    module = ast.Module(body=top, type_ignores=[])
+    return imports_of_tree(module, path)
+
+
+def imports_of_tree(tree: ast.Module, path: Path) -> tuple[set[str], set[str]]:
+    here = _module_name(path).split(".")
+    internal, external = set(), set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = [*here[:len(here) - node.level], *(node.module.split(".") if node.module else [])]
+            internal.update(".".join([*base, a.name]) for a in node.names)   # a name or a module: both tried
+            internal.add(".".join(base))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.startswith("x1_pretrain"):
+                mod = node.module.removeprefix("x1_pretrain").lstrip(".")
+                internal.update({mod, *(f"{mod}.{a.name}".lstrip(".") for a in node.names)})
+            else:
+                external.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("x1_pretrain."):
+                    internal.add(a.name.removeprefix("x1_pretrain."))
+                else:
+                    external.add(a.name.split(".")[0])
+    return internal, external
+
+
+def _path_of(module: str) -> Path | None:
+    for p in (PKG / f"{module.replace('.', '/')}.py", PKG / module.replace(".", "/") / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def import_closure(entry: str) -> dict[str, set[str]]:
+    """Every x1_pretrain module that importing ``entry`` loads (its packages' __init__ too), with the external
+    packages each brings in."""
+    seen: dict[str, set[str]] = {}
+    todo = [entry]
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        for i in range(1, len(parts) + 1):   # importing a.b runs a/__init__ first
+            mod = ".".join(parts[:i])
+            path = _path_of(mod)
+            if path is None or mod in seen:
+                continue
+            internal, external = _loaded_at_import(path)
+            seen[mod] = external
+            todo.extend(m for m in internal if m)
+    return seen
+
+
+def test_the_watchdog_never_loads_torch_nor_anything_that_does():
+    """The supervisor of a crashing trainer must not load the library it guards against: nothing the watchdog
+    imports at start (followed through every x1 module, packages' __init__ included) imports a heavy package."""
+    heavy = {m: sorted(ext & set(HEAVY)) for m, ext in import_closure("watchdog").items() if ext & set(HEAVY)}
+    assert heavy == {}, f"the watchdog's imports reach {heavy}: import these inside the function that needs them"
+    # the check can fail: the trainer's closure does reach torch
+    assert any("torch" in ext for ext in import_closure("train").values())
