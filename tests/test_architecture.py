@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import collections
+import io
 import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -14,9 +17,25 @@ from .conftest import REPO
 
 PKG = REPO / "src" / "x1_pretrain"
 SUBPACKAGES = ("core", "data", "model", "evals", "training", "budget", "report")
-ENTRY_POINTS = ("tokenize_data", "train", "export_run", "budget_sidecar", "budget_serve", "watchdog", "plan", "dod",
-                "postmortem", "export_hf", "sample", "alerts", "demo", "tokenizer", "evaluate", "remote")
-COMMAND_PACKAGES = ("demo",)   # a command with more than one module: a package with a __main__
+ENTRY_POINTS = (
+    "tokenize_data",
+    "train",
+    "export_run",
+    "budget_sidecar",
+    "budget_serve",
+    "watchdog",
+    "plan",
+    "dod",
+    "postmortem",
+    "export_hf",
+    "sample",
+    "alerts",
+    "demo",
+    "tokenizer",
+    "evaluate",
+    "remote",
+)
+COMMAND_PACKAGES = ("demo",)  # a command with more than one module: a package with a __main__
 # Which subpackage may import which (besides itself and the standard library).
 MAY_IMPORT = {
     "core": set(),
@@ -44,7 +63,7 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = here[:len(here) - node.level]
+                base = here[: len(here) - node.level]
                 target = [*base, *(node.module.split(".") if node.module else [])]
                 if node.module and len(target) == 1 and target[0] in SUBPACKAGES:  # from ..training import checkpoint
                     internal.update(f"{target[0]}.{a.name}" for a in node.names)
@@ -84,8 +103,9 @@ def test_each_subpackage_imports_only_what_it_may(sub):
             top = target.split(".")[0]
             assert top in allowed, f"{name} imports {target}: {sub} may import only {sorted(allowed)}"
             if sub == "report" and top == "training":
-                assert target in REPORT_MAY_READ_FROM_TRAINING, \
+                assert target in REPORT_MAY_READ_FROM_TRAINING, (
                     f"{name} imports {target}: report reads training's on-disk formats only"
+                )
 
 
 def test_subpackages_never_import_the_entry_points():
@@ -136,41 +156,53 @@ def test_importing_any_module_does_nothing(tmp_path):
 def test_entry_points_are_thin_and_guarded(name):
     path = PKG / name / "__main__.py" if name in COMMAND_PACKAGES else PKG / f"{name}.py"
     text = path.read_text()
-    lines = len(text.splitlines())
-    assert lines < 150, f"{name}.py has {lines} lines; move the work into a subpackage"
+    lines = sum(statement_lines(text).values())
+    assert lines < 100, f"{name}.py has {lines} statements; move the work into a subpackage"
     assert "def main(argv: list[str] | None = None) -> int:" in text
     assert text.rstrip().endswith('if __name__ == "__main__":\n    raise SystemExit(main())')
 
 
 def test_every_entry_point_answers_help(tmp_path):
-    code = ("import contextlib, io, importlib, sys\nfor n in sys.argv[1:]:\n"
-            "    out = io.StringIO()\n"
-            "    try:\n        with contextlib.redirect_stdout(out):\n"
-            "            code = importlib.import_module('x1_pretrain.' + n).main(['--help'])\n"
-            "    except SystemExit as e:\n        code = e.code\n"
-            "    assert code == 0, (n, code)\n"
-            "    assert '--' in out.getvalue() and 'usage' in out.getvalue(), n\n")
+    code = (
+        "import contextlib, io, importlib, sys\nfor n in sys.argv[1:]:\n"
+        "    out = io.StringIO()\n"
+        "    try:\n        with contextlib.redirect_stdout(out):\n"
+        "            code = importlib.import_module('x1_pretrain.' + n).main(['--help'])\n"
+        "    except SystemExit as e:\n        code = e.code\n"
+        "    assert code == 0, (n, code)\n"
+        "    assert '--' in out.getvalue() and 'usage' in out.getvalue(), n\n"
+    )
     names = [f"{n}.__main__" if n in COMMAND_PACKAGES else n for n in ENTRY_POINTS]
-    r = subprocess.run([sys.executable, "-c", code, *names], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-c", code, *names], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def statement_lines(text: str) -> collections.Counter[int]:
+    """The logical lines of ``text`` (a statement, whatever the formatter's line breaks), keyed by the line they
+    end on: sizes measured in them do not change when ``ruff format`` splits a call over several lines."""
+    return collections.Counter(
+        t.end[0] for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.NEWLINE
+    )
 
 
 def _functions():
     for path in FILES:
-        for node in ast.walk(ast.parse(path.read_text())):
+        text = path.read_text()
+        ends = statement_lines(text)
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 a = node.args
                 names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
                 if names and names[0] in ("self", "cls"):
                     names = names[1:]
-                yield f"{_module_name(path)}.{node.name}", node.end_lineno - node.lineno + 1, len(names)
+                size = sum(n for line, n in ends.items() if node.lineno <= line <= node.end_lineno)
+                yield f"{_module_name(path)}.{node.name}", size, len(names)
 
 
 def test_functions_are_short_and_take_few_parameters():
-    long = [(n, lines) for n, lines, _ in _functions() if lines > 100]
+    long = [(n, lines) for n, lines, _ in _functions() if lines > 70]
     wide = [(n, params) for n, _, params in _functions() if params > 7]
-    assert not long, f"functions over 100 lines: {long}"
+    assert not long, f"functions over 70 statements: {long}"
     assert not wide, f"functions with more than 7 parameters (group them in a dataclass): {wide}"
 
 
@@ -207,12 +239,18 @@ def test_metric_names_are_constants_and_every_name_read_is_written():
     from x1_pretrain.core import names
 
     literal = re.compile(r"""["'](?:train|val|budget|checkpoint|spike|run)/[a-z0-9_]+["']""")
-    bare = [f"{p.relative_to(PKG)}: {m.group(0)}" for p in FILES if p.name != "names.py"
-            for m in literal.finditer(p.read_text())]
+    bare = [
+        f"{p.relative_to(PKG)}: {m.group(0)}"
+        for p in FILES
+        if p.name != "names.py"
+        for m in literal.finditer(p.read_text())
+    ]
     assert not bare, f"use the constants of core/names.py: {bare}"
-    used = {p: {r for r in re.findall(r"\bN\.([A-Z][A-Z0-9_]+)\b", p.read_text()) if "TAG_" not in r}
-            | ({"EVAL_TASK_PREFIX"} if "N.eval_task_metric(" in p.read_text() else set())   # eval/<task>/<m>
-            for p in FILES}
+    used = {
+        p: {r for r in re.findall(r"\bN\.([A-Z][A-Z0-9_]+)\b", p.read_text()) if "TAG_" not in r}
+        | ({"EVAL_TASK_PREFIX"} if "N.eval_task_metric(" in p.read_text() else set())  # eval/<task>/<m>
+        for p in FILES
+    }
     for p, refs in used.items():
         unknown = [r for r in refs if not hasattr(names, r)]
         assert not unknown, f"{p.name}: {unknown}"
@@ -240,7 +278,6 @@ def test_tag_names_are_constants_and_every_tag_read_is_written():
     assert constants <= written, f"defined but never written: {sorted(constants - written)}"
 
 
-
 HEAVY = ("torch", "numpy", "mlflow", "boto3", "safetensors", "transformers")
 
 
@@ -253,12 +290,17 @@ def _loaded_at_import(path: Path) -> tuple[set[str], set[str]]:
     while body:
         node = body.pop(0)
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            body[:0] = node.orelse   # what only a type checker reads
+            body[:0] = node.orelse  # what only a type checker reads
         elif isinstance(node, (ast.If, ast.Try)):
-            body[:0] = [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
-                        *(s for h in getattr(node, "handlers", []) for s in h.body)]
+            body[:0] = [
+                *node.body,
+                *getattr(node, "orelse", []),
+                *getattr(node, "finalbody", []),
+                *(s for h in getattr(node, "handlers", []) for s in h.body),
+            ]
         elif isinstance(node, (ast.Import, ast.ImportFrom)) and not (
-                isinstance(node, ast.ImportFrom) and node.module == "__future__"):
+            isinstance(node, ast.ImportFrom) and node.module == "__future__"
+        ):
             top.append(node)
     module = ast.Module(body=top, type_ignores=[])
     return imports_of_tree(module, path)
@@ -269,8 +311,8 @@ def imports_of_tree(tree: ast.Module, path: Path) -> tuple[set[str], set[str]]:
     internal, external = set(), set()
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.level:
-            base = [*here[:len(here) - node.level], *(node.module.split(".") if node.module else [])]
-            internal.update(".".join([*base, a.name]) for a in node.names)   # a name or a module: both tried
+            base = [*here[: len(here) - node.level], *(node.module.split(".") if node.module else [])]
+            internal.update(".".join([*base, a.name]) for a in node.names)  # a name or a module: both tried
             internal.add(".".join(base))
         elif isinstance(node, ast.ImportFrom) and node.module:
             if node.module.startswith("x1_pretrain"):
@@ -302,7 +344,7 @@ def import_closure(entry: str) -> dict[str, set[str]]:
     while todo:
         name = todo.pop()
         parts = name.split(".")
-        for i in range(1, len(parts) + 1):   # importing a.b runs a/__init__ first
+        for i in range(1, len(parts) + 1):  # importing a.b runs a/__init__ first
             mod = ".".join(parts[:i])
             path = _path_of(mod)
             if path is None or mod in seen:
