@@ -28,6 +28,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 	$(BIN)/python -m pytest -n 2 --durations=25 tests
 
 # The users' container versions (nvcr.io/nvidia/pytorch:24.10-py3): Python 3.10 + torch 2.5, with the
@@ -60,6 +61,7 @@ test-compat:
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

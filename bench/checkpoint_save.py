@@ -40,8 +40,9 @@ def main() -> int:
         rows = []
         for r in range(args.repeats):
             t0 = time.perf_counter()
-            snap = ck.StepSnapshot(r + 1, ck.to_cpu(state_dict_for_saving(model)), ck._to_cpu(opt.state_dict()),
-                               {"step": r + 1})
+            snap = ck.StepSnapshot(
+                r + 1, ck.to_cpu(state_dict_for_saving(model)), ck._to_cpu(opt.state_dict()), {"step": r + 1}
+            )
             pause = time.perf_counter() - t0
             path, size = ck.write_step_dir(base, snap)
             total = time.perf_counter() - t0
@@ -55,8 +56,10 @@ def main() -> int:
             (base / "raw.bin").unlink()
             shutil.rmtree(path)
             rows.append((pause, total, size, raw))
-        print(f"checkpoint of the lab model: {rows[0][2] / 1e9:.3f} GB (model.safetensors + optimizer.safetensors) on "
-              f"{base.parent}")
+        print(
+            f"checkpoint of the lab model: {rows[0][2] / 1e9:.3f} GB (model.safetensors + optimizer.safetensors) on "
+            f"{base.parent}"
+        )
         print("| run | training pause (snapshot) s | full save s | MB/s | raw write+fsync s | ratio save/raw |")
         print("|---|---|---|---|---|---|")
         for i, (pause, total, size, raw) in enumerate(rows, 1):

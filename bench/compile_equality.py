@@ -41,13 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     compiled = compile_model(other, other, args.mode, args.scope, print)
     gen = torch.Generator().manual_seed(1)
     worst = 0.0
-    print(f"tiny config, {args.steps} optimizer steps of 2 micro-batches of 8 x 32, compile mode {args.mode}, "
-          f"scope {args.scope}")
+    print(
+        f"tiny config, {args.steps} optimizer steps of 2 micro-batches of 8 x 32, compile mode {args.mode}, "
+        f"scope {args.scope}"
+    )
     for step in range(args.steps):
         losses = []
         t0 = time.perf_counter()
         ids = [torch.randint(0, cfg.model.vocab_size, (8, 33), generator=gen) for _ in range(2)]
-        for forward, opt in ((eager, opts[0]), (compiled, opts[1])):   # the same batches for both
+        for forward, opt in ((eager, opts[0]), (compiled, opts[1])):  # the same batches for both
             total = 0.0
             for x in ids:
                 loss = forward(x[:, :-1], x[:, 1:])
@@ -58,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             losses.append(total)
         dt = time.perf_counter() - t0
         worst = max(worst, abs(losses[0] - losses[1]))
-        print(f"  step {step + 1}: eager {losses[0]:.7f}  compiled {losses[1]:.7f}  |diff| "
-              f"{abs(losses[0] - losses[1]):.2e}  ({dt:.1f} s for both)")
+        print(
+            f"  step {step + 1}: eager {losses[0]:.7f}  compiled {losses[1]:.7f}  |diff| "
+            f"{abs(losses[0] - losses[1]):.2e}  ({dt:.1f} s for both)"
+        )
     print(f"max |loss diff| over {args.steps} steps: {worst:.2e}  (target <= 1e-5); fallback: {compiled.failed}")
     return 0 if worst <= 1e-5 and compiled.failed is None else 1
 

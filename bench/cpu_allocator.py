@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = {}
     for mode in ("default", "tuned", "default", "tuned"):  # interleaved against drift
-        r = subprocess.run([sys.executable, "-c", CHILD, mode, str(args.steps)], capture_output=True, text=True,
-                           check=True)
+        r = subprocess.run(
+            [sys.executable, "-c", CHILD, mode, str(args.steps)], capture_output=True, text=True, check=True
+        )
         res = json.loads(r.stdout.strip().splitlines()[-1])
         out.setdefault(mode, []).append(res)
     for mode, runs in out.items():

@@ -35,33 +35,83 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "configs" / "x1-tiny-cpu.yaml"
-STEP_S = 0.3   # the tiny config's step on the 2-core dev machine, until the trainer and the billing measure it
+STEP_S = 0.3  # the tiny config's step on the 2-core dev machine, until the trainer and the billing measure it
 
 
 def tokenize(root: Path) -> Path:
     from x1_pretrain.data.demo_corpus import write_demo_corpus
 
     write_demo_corpus(root / "raw")
-    subprocess.run([sys.executable, "-m", "x1_pretrain.tokenize_data", "--input-dir", str(root / "raw"),
-                    "--output-dir", str(root / "tok"), "--val-fraction", "0.1", "--workers", "2"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "x1_pretrain.tokenize_data",
+            "--input-dir",
+            str(root / "raw"),
+            "--output-dir",
+            str(root / "tok"),
+            "--val-fraction",
+            "0.1",
+            "--workers",
+            "2",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return root / "tok"
 
 
 def train(data: Path, ckpt: Path, steps: int, seed: int, *extra: str) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "x1_pretrain.train", "--config", str(TINY), "--data-dir", str(data),
-           "--ckpt-dir", str(ckpt), "--total-steps", str(steps), "--seed", str(seed), "--log-every", "10",
-           "--eval-every", "100000", "--ckpt-every", "100000", "--set", "optim.warmup_steps=10", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.train",
+        "--config",
+        str(TINY),
+        "--data-dir",
+        str(data),
+        "--ckpt-dir",
+        str(ckpt),
+        "--total-steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--log-every",
+        "10",
+        "--eval-every",
+        "100000",
+        "--ckpt-every",
+        "100000",
+        "--set",
+        "optim.warmup_steps=10",
+        *extra,
+    ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     return r.returncode, r.stdout + r.stderr
 
 
 def budget_flags(budget: Path, cap: float, fit: bool) -> list[str]:
-    flags = ["--budget-cap-usd", str(cap), "--budget-alert-usd", str(cap * 0.9), "--budget-curr-cost-uri",
-             str(budget), "--budget-check-every-min", "0.05", "--budget-reserve-min", "0.02",
-             "--budget-buffer-usd", "0", "--budget-expected-step-s", str(STEP_S), "--force-launch"]
-    return [*flags, "--budget-fit", "--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.25"] if fit \
-        else flags
+    flags = [
+        "--budget-cap-usd",
+        str(cap),
+        "--budget-alert-usd",
+        str(cap * 0.9),
+        "--budget-curr-cost-uri",
+        str(budget),
+        "--budget-check-every-min",
+        "0.05",
+        "--budget-reserve-min",
+        "0.02",
+        "--budget-buffer-usd",
+        "0",
+        "--budget-expected-step-s",
+        str(STEP_S),
+        "--force-launch",
+    ]
+    return (
+        [*flags, "--budget-fit", "--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.25"] if fit else flags
+    )
 
 
 def billed_run(data: Path, run_dir: Path, steps: int, seed: int, cap: float, fit: bool) -> tuple[int, str, float]:
@@ -87,9 +137,29 @@ def cut_where_the_money_ends(data: Path, run_dir: Path, steps: int, seed: int, c
     ckpt = run_dir / "ckpt"
     want = ckpt / f"step_{cut:07d}"
     billing = StepBilling(run_dir / "budget.json", ckpt, lambda s: 0.02 if s < steps // 3 else 0.04, step_s=STEP_S)
-    cmd = [sys.executable, "-m", "x1_pretrain.train", "--config", str(TINY), "--data-dir", str(data), "--ckpt-dir",
-           str(ckpt), "--total-steps", str(steps), "--seed", str(seed), "--log-every", "10", "--eval-every",
-           "100000", "--ckpt-every", str(cut), "--set", "optim.warmup_steps=10"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.train",
+        "--config",
+        str(TINY),
+        "--data-dir",
+        str(data),
+        "--ckpt-dir",
+        str(ckpt),
+        "--total-steps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--log-every",
+        "10",
+        "--eval-every",
+        "100000",
+        "--ckpt-every",
+        str(cut),
+        "--set",
+        "optim.warmup_steps=10",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while not (want / "DONE").exists() and proc.poll() is None:
@@ -117,11 +187,11 @@ def val_loss(ckpt: Path, data: Path) -> float:
     src = resolve(ckpt)
     model = load_model(src)
     toks = open_token_data(data, src.model.vocab_size, src.model.seq_len)
-    starts = val_starts(toks.val.size, src.model.seq_len, 10 ** 9)  # every window
+    starts = val_starts(toks.val.size, src.model.seq_len, 10**9)  # every window
     total, n = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(starts), 16):
-            x, y = gather(toks.val, starts[i:i + 16], src.model.seq_len)
+            x, y = gather(toks.val, starts[i : i + 16], src.model.seq_len)
             total += float(model(x, y)) * len(x)
             n += len(x)
     return total / n
@@ -150,19 +220,28 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in zip("abcd", losses, strict=True):
             results[k].append(v)
         la, lb, lc, ld = losses
-        print(f"seed {seed}: (a) cut at step {steps_a} (exit {code_a}, ${spent_a:.2f}) val {la:.4f} | "
-              f"(b) fitted to step {steps_b} (exit {code_b}, ${spent_b:.2f}) val {lb:.4f} | "
-              f"(c) cosine for {steps_b} steps (exit {code_c}) val {lc:.4f} | "
-              f"(d) cosine for {args.steps} cut at step {steps_b} (b's steps and spend) val {ld:.4f}", flush=True)
-    arms = (("a", "cosine, cut by the guard"), ("b", "wsd + --budget-fit"), ("c", "cosine planned for (b)'s steps"),
-            ("d", "cosine cut where the money ends"))
+        print(
+            f"seed {seed}: (a) cut at step {steps_a} (exit {code_a}, ${spent_a:.2f}) val {la:.4f} | "
+            f"(b) fitted to step {steps_b} (exit {code_b}, ${spent_b:.2f}) val {lb:.4f} | "
+            f"(c) cosine for {steps_b} steps (exit {code_c}) val {lc:.4f} | "
+            f"(d) cosine for {args.steps} cut at step {steps_b} (b's steps and spend) val {ld:.4f}",
+            flush=True,
+        )
+    arms = (
+        ("a", "cosine, cut by the guard"),
+        ("b", "wsd + --budget-fit"),
+        ("c", "cosine planned for (b)'s steps"),
+        ("d", "cosine cut where the money ends"),
+    )
     for k, name in arms:
         v = results[k]
         sd = statistics.stdev(v) if len(v) > 1 else 0.0
         print(f"({k}) {name:32s} val loss {statistics.mean(v):.4f} ± {sd:.4f} over {len(v)} seeds")
-    for k, meaning in (("a", "today's guard vs fitting; (a) also trains fewer steps for less money"),
-                       ("d", "like for like, same steps and dollars: what annealing to the money's end buys"),
-                       ("c", "fitting as it goes vs knowing the length in advance; <= 0 would mean no worse")):
+    for k, meaning in (
+        ("a", "today's guard vs fitting; (a) also trains fewer steps for less money"),
+        ("d", "like for like, same steps and dollars: what annealing to the money's end buys"),
+        ("c", "fitting as it goes vs knowing the length in advance; <= 0 would mean no worse"),
+    ):
         diff = [x - b for x, b in zip(results[k], results["b"], strict=True)]
         print(f"({k}) - (b): {statistics.mean(diff):+.4f} nats ({meaning})")
     shutil.rmtree(root, ignore_errors=True)

@@ -66,8 +66,14 @@ VOCAB = 50257
 # The real trainer first, compiled in mode default (it finishes in its budget from a cold cache); the config's own
 # mode (the lab's max-autotune) last, if time is left. --phase-s NAME=SECONDS overrides one.
 PHASES: list[tuple[str, float]] = [
-    ("trainer", 150.0), ("grads", 60.0), ("graph-breaks", 30.0), ("bf16-vs-fp32", 40.0), ("ab-eager", 45.0),
-    ("ab-compiled", 55.0), ("profile", 30.0), ("trainer-lab-mode", 90.0),
+    ("trainer", 150.0),
+    ("grads", 60.0),
+    ("graph-breaks", 30.0),
+    ("bf16-vs-fp32", 40.0),
+    ("ab-eager", 45.0),
+    ("ab-compiled", 55.0),
+    ("profile", 30.0),
+    ("trainer-lab-mode", 90.0),
 ]
 # What each A/B variant flips, relative to the config as it is (``--set`` syntax)
 SWITCHES: list[tuple[str, list[str]]] = [
@@ -81,8 +87,8 @@ SWITCHES: list[tuple[str, list[str]]] = [
     ("compile scope blocks", ["train.compile_scope=blocks"]),
 ]
 EAGER_ONLY = {"SDPA instead of flash-attn"}
-SMOKE_MEASURE_S, SMOKE_MAX_STEPS = 0.1, 2   # A/B timing in the CPU smoke: the code path, not a measurement
-REPEAT_CHECK = {"baseline (config as is)", "deterministic on"}   # do two identical backward passes match bitwise?
+SMOKE_MEASURE_S, SMOKE_MAX_STEPS = 0.1, 2  # A/B timing in the CPU smoke: the code path, not a measurement
+REPEAT_CHECK = {"baseline (config as is)", "deterministic on"}  # do two identical backward passes match bitwise?
 COMPILED_ONLY = {"compile scope blocks"}
 
 
@@ -100,9 +106,19 @@ def _noop(_: str) -> None:
 # --- models and steps ----------------------------------------------------------------------------------
 # The CPU smoke's shapes (same code, small numbers), as --set overrides for both the in-process phases and the
 # trainer CLI
-TINY_SETS = ["model.n_layer=2", "model.d_model=64", "model.n_head=4", "model.n_kv_head=2", "model.d_ff=176",
-             "model.seq_len=32", "train.micro_batch_size=2", "train.grad_accum_steps=2", "train.batch_size=4",
-             "train.precision=fp32", "train.compile=false"]
+TINY_SETS = [
+    "model.n_layer=2",
+    "model.d_model=64",
+    "model.n_head=4",
+    "model.n_kv_head=2",
+    "model.d_ff=176",
+    "model.seq_len=32",
+    "train.micro_batch_size=2",
+    "train.grad_accum_steps=2",
+    "train.batch_size=4",
+    "train.precision=fp32",
+    "train.compile=false",
+]
 
 
 # The in-process phases of the smoke (not the real trainer, which keeps GPT-2's 50,257): a vocabulary that is not a
@@ -119,10 +135,22 @@ def load_config(path: Path, tiny: bool, sets: list[str] | None = None) -> Any:
 def small_config(cfg: Any, cuda: bool) -> Any:
     """The grads phase's model: the config's vocabulary and architecture, 2 narrow layers (64 wide in the CPU smoke),
     4-way accumulation."""
-    m = dataclasses.replace(cfg.model, n_layer=2, d_model=256 if cuda else 64, n_head=4, n_kv_head=2,
-                            d_ff=688 if cuda else 176, seq_len=256 if cuda else 32)
-    t = dataclasses.replace(cfg.train, micro_batch_size=4 if cuda else 2, grad_accum_steps=4,
-                            batch_size=16 if cuda else 8, precision="bf16" if cuda else "fp32")
+    m = dataclasses.replace(
+        cfg.model,
+        n_layer=2,
+        d_model=256 if cuda else 64,
+        n_head=4,
+        n_kv_head=2,
+        d_ff=688 if cuda else 176,
+        seq_len=256 if cuda else 32,
+    )
+    t = dataclasses.replace(
+        cfg.train,
+        micro_batch_size=4 if cuda else 2,
+        grad_accum_steps=4,
+        batch_size=16 if cuda else 8,
+        precision="bf16" if cuda else "fp32",
+    )
     return dataclasses.replace(cfg, model=m, train=t)
 
 
@@ -217,14 +245,24 @@ def phase_grads(cfg: Any, device: Any, out: Partial) -> None:
         if mode == "eager":
             ref = grads
         rel = max(float((g - r).norm() / r.norm().clamp_min(1e-12)) for g, r in zip(grads, ref, strict=True))
-        rows.append({"mode": mode, "loss": loss, "max_rel_grad_diff": rel, "first_call_s": time.perf_counter() - t0,
-                     "ok": rel <= tol and math.isfinite(loss)})
+        rows.append(
+            {
+                "mode": mode,
+                "loss": loss,
+                "max_rel_grad_diff": rel,
+                "first_call_s": time.perf_counter() - t0,
+                "ok": rel <= tol and math.isfinite(loss),
+            }
+        )
         out.put("rows", rows)
         del model, forward, grads
     out.put("tolerance", tol)
-    out.put("shape", f"{small.model.n_layer} layers x d_model {small.model.d_model}, micro-batch "
-                     f"{small.train.micro_batch_size} x {small.model.seq_len}, {small.train.grad_accum_steps} "
-                     f"micro-steps, {small.train.precision}")
+    out.put(
+        "shape",
+        f"{small.model.n_layer} layers x d_model {small.model.d_model}, micro-batch "
+        f"{small.train.micro_batch_size} x {small.model.seq_len}, {small.train.grad_accum_steps} "
+        f"micro-steps, {small.train.precision}",
+    )
     out.put("ok", all(r["ok"] for r in rows))
 
 
@@ -242,8 +280,14 @@ def phase_graph_breaks(cfg: Any, device: Any, out: Partial) -> None:
         torch._dynamo.reset()
         with autocast(cfg, device):
             e = torch._dynamo.explain(fn)(*args)
-        rows.append({"what": what, "graphs": e.graph_count, "breaks": e.graph_break_count,
-                     "reasons": sorted({str(b.reason).splitlines()[0][:160] for b in e.break_reasons})[:5]})
+        rows.append(
+            {
+                "what": what,
+                "graphs": e.graph_count,
+                "breaks": e.graph_break_count,
+                "reasons": sorted({str(b.reason).splitlines()[0][:160] for b in e.break_reasons})[:5],
+            }
+        )
         out.put("rows", rows)
 
     attention = "flash-attn" if model.kernels.use_flash else "SDPA"
@@ -253,7 +297,7 @@ def phase_graph_breaks(cfg: Any, device: Any, out: Partial) -> None:
     h = torch.randn(2, cfg.model.seq_len, cfg.model.d_model, device=device)
     count(f"one block ({attention})", model.model.layers[0], h, model.rope_cos, model.rope_sin)
     if device.type == "cuda" and flash_available() and not model.kernels.use_flash:
-        model.set_attention(True)   # what the compiled trainer avoids: raw flash-attn inside the graph
+        model.set_attention(True)  # what the compiled trainer avoids: raw flash-attn inside the graph
         count("whole model with raw flash-attn (not used under compile)", model, x[:, :-1], x[:, 1:])
     out.put("ok", rows[0]["breaks"] == 0 and rows[1]["breaks"] == 0)
 
@@ -263,15 +307,19 @@ def phase_bf16_vs_fp32(cfg: Any, device: Any, out: Partial) -> None:
     import torch
 
     steps = 30 if device.type == "cuda" else 2
-    fixed = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, micro_batch_size=8 if device.type == "cuda"
-                                                                  else 2, compile=False))
+    fixed = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, micro_batch_size=8 if device.type == "cuda" else 2, compile=False)
+    )
     ids = batches(fixed, device, 1, seed=2)
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     curves: dict[str, list[float]] = {}
     try:
-        for name, sets in (("fp32", {"precision": "fp32"}), ("bf16", {"precision": "bf16"}),
-                           ("bf16 + bf16 residual", {"precision": "bf16", "bf16_residual": True})):
+        for name, sets in (
+            ("fp32", {"precision": "fp32"}),
+            ("bf16", {"precision": "bf16"}),
+            ("bf16 + bf16 residual", {"precision": "bf16", "bf16_residual": True}),
+        ):
             run_cfg = dataclasses.replace(fixed, train=dataclasses.replace(fixed.train, **sets))
             model, opt = build(run_cfg, device)
             losses = []
@@ -289,9 +337,16 @@ def phase_bf16_vs_fp32(cfg: Any, device: Any, out: Partial) -> None:
     rows = []
     for name, losses in curves.items():
         rel = max(abs(a - b) / abs(a) for a, b in zip(ref, losses, strict=True))
-        rows.append({"run": name, "first": losses[0], "last": losses[-1], "max_rel_diff": rel,
-                     "final_abs_diff": abs(ref[-1] - losses[-1]),
-                     "ok": all(map(math.isfinite, losses)) and rel <= 0.02 and abs(ref[-1] - losses[-1]) <= 0.1})
+        rows.append(
+            {
+                "run": name,
+                "first": losses[0],
+                "last": losses[-1],
+                "max_rel_diff": rel,
+                "final_abs_diff": abs(ref[-1] - losses[-1]),
+                "ok": all(map(math.isfinite, losses)) and rel <= 0.02 and abs(ref[-1] - losses[-1]) <= 0.1,
+            }
+        )
     out.put("rows", rows)
     out.put("steps", steps)
     out.put("ok", all(r["ok"] for r in rows))
@@ -307,11 +362,15 @@ def synthetic_data(directory: Path, cfg: Any, train_tokens: int) -> None:
     eot = cfg.model.vocab_size - 1
     for split, n in (("train", train_tokens), ("val", val_tokens)):
         ids = rng.integers(0, eot, n, dtype=np.uint16)
-        ids[np.cumsum(rng.integers(200, 2000, n // 200 + 1))[:-1].clip(max=n - 1)] = eot   # "documents" end with EOT
+        ids[np.cumsum(rng.integers(200, 2000, n // 200 + 1))[:-1].clip(max=n - 1)] = eot  # "documents" end with EOT
         ids.tofile(directory / f"{split}.bin")
-    meta = {"vocab_size": cfg.model.vocab_size, "dtype": "uint16", "eot_id": eot,
-            "splits": {"train": {"tokens": train_tokens}, "val": {"tokens": val_tokens}},
-            "note": "synthetic ids written by bench/gpu_check.py"}
+    meta = {
+        "vocab_size": cfg.model.vocab_size,
+        "dtype": "uint16",
+        "eot_id": eot,
+        "splits": {"train": {"tokens": train_tokens}, "val": {"tokens": val_tokens}},
+        "note": "synthetic ids written by bench/gpu_check.py",
+    }
     (directory / "meta.json").write_text(json.dumps(meta))
 
 
@@ -334,17 +393,28 @@ def read_mlflow_file_store(store: Path) -> tuple[dict[str, float], dict[str, str
 def trainer_sets(smoke: bool) -> list[str]:
     """--set overrides of the trainer phase: no eval or checkpoint in the timed steps, no budget guard (no billing
     sidecar runs during the check); the smoke's tiny shapes."""
-    sets = ["train.eval_every=100000", "train.eval_batches=2", "checkpoint.every_steps=100000", "train.log_every=5",
-            "budget.cap_usd=null"]
+    sets = [
+        "train.eval_every=100000",
+        "train.eval_batches=2",
+        "checkpoint.every_steps=100000",
+        "train.log_every=5",
+        "budget.cap_usd=null",
+    ]
     return sets + TINY_SETS if smoke else sets
 
 
-TRAINER_READ_MARGIN_S = 12.0   # of a trainer phase's deadline: to stop the trainer and read what it measured
-TRAINER_WARM_STEP = 3          # progress before this step includes the compilation: not a speed
+TRAINER_READ_MARGIN_S = 12.0  # of a trainer phase's deadline: to stop the trainer and read what it measured
+TRAINER_WARM_STEP = 3  # progress before this step includes the compilation: not a speed
 
 
-def trainer_figures(samples: list[tuple[int, float]], tokens_per_step: int, flops_honest: int, flops_lab: int,
-                    peak_tflops: float | None, last_step: int | None = None) -> dict[str, Any]:
+def trainer_figures(
+    samples: list[tuple[int, float]],
+    tokens_per_step: int,
+    flops_honest: int,
+    flops_lab: int,
+    peak_tflops: float | None,
+    last_step: int | None = None,
+) -> dict[str, Any]:
     """Warm speed from the trainer's progress file, as (step, unix time) samples: the steps between the first
     warm sample and the last over the time between them; MFU in both accountings where the peak is known, and
     the step time the launch gate takes (--budget-expected-step-s). Empty without two warm samples. The run's
@@ -383,8 +453,9 @@ def _stop_group(proc: subprocess.Popen[Any]) -> None:
         proc.wait()
 
 
-def watch_trainer(proc: subprocess.Popen[Any], progress: Path, deadline: float, cut_after_steps: int | None,
-                  out: Partial) -> tuple[list[tuple[int, float]], str | None]:
+def watch_trainer(
+    proc: subprocess.Popen[Any], progress: Path, deadline: float, cut_after_steps: int | None, out: Partial
+) -> tuple[list[tuple[int, float]], str | None]:
     """Follow the trainer's progress file until it exits, or stop it at ``deadline`` (or, for tests, once it
     reports ``cut_after_steps`` steps): (the (step, time) samples seen, why it was cut or None)."""
     samples: list[tuple[int, float]] = []
@@ -399,8 +470,12 @@ def watch_trainer(proc: subprocess.Popen[Any], progress: Path, deadline: float, 
             return samples, cut
         if time.monotonic() > deadline:
             cut = "its deadline"
-        elif cut_after_steps is not None and samples and samples[-1][0] >= cut_after_steps \
-                and sum(st >= TRAINER_WARM_STEP for st, _ in samples) >= 2:
+        elif (
+            cut_after_steps is not None
+            and samples
+            and samples[-1][0] >= cut_after_steps
+            and sum(st >= TRAINER_WARM_STEP for st, _ in samples) >= 2
+        ):
             cut = f"--cut-after-steps {cut_after_steps}"
         if cut:
             _stop_group(proc)
@@ -429,29 +504,56 @@ def phase_trainer(args: argparse.Namespace, device: Any, out: Partial, lab_mode:
     try:
         # two passes' worth of ids, within [1 Mi, 64 Mi] tokens: a longer run wraps around (synthetic anyway)
         synthetic_data(work / "data", cfg, min(max((steps + 1) * cfg.tokens_per_step() * 2, 1 << 20), 1 << 26))
-        cmd = [sys.executable, "-m", "x1_pretrain.train", "--config", str(args.config), "--data-dir",
-               str(work / "data"), "--ckpt-dir", str(work / "ckpt"), "--mlflow-uri", (work / "mlruns").as_uri(),
-               "--total-steps", str(steps)] + [a for s in sets for a in ("--set", s)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "x1_pretrain.train",
+            "--config",
+            str(args.config),
+            "--data-dir",
+            str(work / "data"),
+            "--ckpt-dir",
+            str(work / "ckpt"),
+            "--mlflow-uri",
+            (work / "mlruns").as_uri(),
+            "--total-steps",
+            str(steps),
+        ] + [a for s in sets for a in ("--set", s)]
         out.put("command", " ".join(cmd))
         out.put("steps", steps)
         out.put("tokens_per_step", cfg.tokens_per_step())
         env = {**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true", "PYTHONPATH": str(REPO / "src")}
         with open(work / "trainer.log", "w") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+            )
             # the phase's budget counts from its process's start (its imports included), as the orchestrator's
             started = getattr(args, "started_unix", None) or time.time()
             left = started + args.phase_budget_s - TRAINER_READ_MARGIN_S - time.time()
-            samples, cut = watch_trainer(proc, work / "ckpt" / "progress.json", t0 + max(left, 1.0),
-                                         args.cut_after_steps, out)
+            samples, cut = watch_trainer(
+                proc, work / "ckpt" / "progress.json", t0 + max(left, 1.0), args.cut_after_steps, out
+            )
         out.put("wall_s", time.monotonic() - t0)
         print((work / "trainer.log").read_text(errors="replace")[-8000:], flush=True)
         metrics, tags = read_mlflow_file_store(work / "mlruns")
-        keep = ("train/tokens_per_s", "train/mfu", "train/mfu_lab_6n", "train/step_time_s", "train/peak_mem_gib",
-                "train/first_step_s", "train/loss")
+        keep = (
+            "train/tokens_per_s",
+            "train/mfu",
+            "train/mfu_lab_6n",
+            "train/step_time_s",
+            "train/peak_mem_gib",
+            "train/first_step_s",
+            "train/loss",
+        )
         out.put("metrics", {k: metrics[k] for k in keep if k in metrics})
-        out.put("tags", {k: v for k, v in tags.items() if k in ("compile_mode_effective", "attention_effective",
-                                                                 "kernels", "compile_fallback")})
+        out.put(
+            "tags",
+            {
+                k: v
+                for k, v in tags.items()
+                if k in ("compile_mode_effective", "attention_effective", "kernels", "compile_fallback")
+            },
+        )
         fpt = flops.flops_per_token(cfg.model)
         peak = flops.peak_tflops(torch_device_name(device))
         figures = trainer_figures(samples, cfg.tokens_per_step(), fpt.honest, fpt.lab_6n, peak, steps)
@@ -464,10 +566,14 @@ def phase_trainer(args: argparse.Namespace, device: Any, out: Partial, lab_mode:
         ok = measured and "compile_fallback" not in tags and (cut is not None or proc.returncode == 0)
         out.put("ok", ok)
         if not ok:
-            out.put("why", "the trainer fell back to eager: " + tags["compile_fallback"][:200]
-                    if "compile_fallback" in tags else
-                    f"the trainer exited {proc.returncode}" if cut is None and proc.returncode != 0 else
-                    f"cut by {cut} before two warm progress records (step >= {TRAINER_WARM_STEP})")
+            out.put(
+                "why",
+                "the trainer fell back to eager: " + tags["compile_fallback"][:200]
+                if "compile_fallback" in tags
+                else f"the trainer exited {proc.returncode}"
+                if cut is None and proc.returncode != 0
+                else f"cut by {cut} before two warm progress records (step >= {TRAINER_WARM_STEP})",
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -478,8 +584,9 @@ def torch_device_name(device: Any) -> str | None:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else None
 
 
-def time_micro_steps(forward: Any, optimizer: Any, cfg: Any, device: Any, measure_s: float,
-                     max_steps: int) -> dict[str, Any]:
+def time_micro_steps(
+    forward: Any, optimizer: Any, cfg: Any, device: Any, measure_s: float, max_steps: int
+) -> dict[str, Any]:
     """Warm micro-steps at the config's micro-batch (an optimizer step every grad_accum_steps)."""
     import torch
 
@@ -494,7 +601,7 @@ def time_micro_steps(forward: Any, optimizer: Any, cfg: Any, device: Any, measur
         if i == 2:
             sync(device)
             t0, steps = time.perf_counter(), 0
-            first_s = t0 - start   # the two warm micro-steps: compilation included
+            first_s = t0 - start  # the two warm micro-steps: compilation included
         with autocast(cfg, device):
             loss = forward(ids[i % 2][:, :-1], ids[i % 2][:, 1:])
         (loss / accum).backward()
@@ -511,9 +618,13 @@ def time_micro_steps(forward: Any, optimizer: Any, cfg: Any, device: Any, measur
     sync(device)
     elapsed = time.perf_counter() - t0
     tokens = steps * cfg.train.micro_batch_size * cfg.model.seq_len
-    return {"micro_steps": steps, "tokens_per_s": tokens / elapsed if elapsed > 0 else math.nan,
-            "first_loss": first_loss, "first_s": first_s,
-            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else math.nan}
+    return {
+        "micro_steps": steps,
+        "tokens_per_s": tokens / elapsed if elapsed > 0 else math.nan,
+        "first_loss": first_loss,
+        "first_s": first_s,
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else math.nan,
+    }
 
 
 def grads_repeat(forward: Any, model: Any, cfg: Any, device: Any) -> bool:
@@ -557,11 +668,14 @@ def phase_ab(args: argparse.Namespace, device: Any, out: Partial, compiled: bool
             rows.append({"variant": name, "skipped": "the baseline already runs SDPA"})
             continue
         forward = compile_model(model, model, "default", cfg.train.compile_scope, print) if compiled else model
-        row = {"variant": name, "attention": attention,
-               **time_micro_steps(forward, opt, cfg, device, args.measure_s, args.max_steps)}
+        row = {
+            "variant": name,
+            "attention": attention,
+            **time_micro_steps(forward, opt, cfg, device, args.measure_s, args.max_steps),
+        }
         if name in REPEAT_CHECK:
             row["repeatable"] = grads_repeat(forward, model, cfg, device)
-        row["compile_failed"] = getattr(forward, "failed", None)    # a fallback measures eager, not compiled
+        row["compile_failed"] = getattr(forward, "failed", None)  # a fallback measures eager, not compiled
         undo_deterministic()
         base = rows[0] if rows else row
         row["speed_vs_baseline"] = row["tokens_per_s"] / base["tokens_per_s"]
@@ -573,17 +687,22 @@ def phase_ab(args: argparse.Namespace, device: Any, out: Partial, compiled: bool
             torch.cuda.empty_cache()
     timed = [r for r in rows if "skipped" not in r]
     not_repeatable = [r["variant"] for r in timed if r.get("repeatable") is False and "deterministic" in r["variant"]]
-    bad = [r["variant"] for r in timed if r["compile_failed"] or not math.isfinite(r["tokens_per_s"])
-           or r["loss_diff_vs_baseline"] >= 0.1] + not_repeatable
+    bad = [
+        r["variant"]
+        for r in timed
+        if r["compile_failed"] or not math.isfinite(r["tokens_per_s"]) or r["loss_diff_vs_baseline"] >= 0.1
+    ] + not_repeatable
     out.put("ok", bool(timed) and not bad)
     if bad:
         out.put("why", f"variants that failed (compile fallback, NaN, diverging loss or not repeatable): {bad}")
 
 
-_GROUPS = [("attention", r"flash|fmha|attention|sdpa|attn"),   # before GEMM: attention kernels are cutlass templates
-           ("GEMM", r"gemm|sm\d\d_xmma|cublas|\bmm\b|addmm|bmm|matmul|linear|nvjet|_mm_"),
-           ("loss", r"logsumexp|log_softmax|nll|cross_entropy|index_put|gather|scatter"),
-           ("optimizer", r"adam|foreach|multi_tensor|_amp_|clip|norm_kernel")]
+_GROUPS = [
+    ("attention", r"flash|fmha|attention|sdpa|attn"),  # before GEMM: attention kernels are cutlass templates
+    ("GEMM", r"gemm|sm\d\d_xmma|cublas|\bmm\b|addmm|bmm|matmul|linear|nvjet|_mm_"),
+    ("loss", r"logsumexp|log_softmax|nll|cross_entropy|index_put|gather|scatter"),
+    ("optimizer", r"adam|foreach|multi_tensor|_amp_|clip|norm_kernel"),
+]
 
 
 def kernel_group(name: str) -> str:
@@ -632,9 +751,13 @@ def phase_profile(args: argparse.Namespace, cfg: Any, device: Any, out: Partial)
     out.put("compile_failed", getattr(forward, "failed", None))
     out.put("wall_ms", wall_ms)
     out.put("groups_ms", dict(sorted(groups.items(), key=lambda kv: -kv[1])))
-    out.put("what", f"one optimizer step ({cfg.train.grad_accum_steps} micro-steps of "
-                    f"{cfg.train.micro_batch_size} x {cfg.model.seq_len}), "
-                    + ("device kernel time" if cuda else "CPU time of aten ops") + ", after 2+ warm micro-steps")
+    out.put(
+        "what",
+        f"one optimizer step ({cfg.train.grad_accum_steps} micro-steps of "
+        f"{cfg.train.micro_batch_size} x {cfg.model.seq_len}), "
+        + ("device kernel time" if cuda else "CPU time of aten ops")
+        + ", after 2+ warm micro-steps",
+    )
     out.put("ok", busy > 0 and not out.data["compile_failed"])
 
 
@@ -646,7 +769,9 @@ def report(device: Any) -> dict[str, Any]:
     from x1_pretrain.model.transformer import flash_available, flash_compiles
 
     info: dict[str, Any] = {
-        "python": platform.python_version(), "torch": torch.__version__, "cuda (torch build)": torch.version.cuda,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda (torch build)": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "triton": _version("triton") or _version("pytorch-triton"),
         "flash-attn": (_version("flash-attn") or _version("flash_attn") or "not installed")
@@ -660,8 +785,10 @@ def report(device: Any) -> dict[str, Any]:
         return info
     # properties only: the orchestrator makes no CUDA context (a GPU in exclusive-process mode stays the phases')
     props = torch.cuda.get_device_properties(device)
-    info["GPU"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}, " \
-                  f"{props.multi_processor_count} SMs"
+    info["GPU"] = (
+        f"{props.name}, {props.total_memory / 2**30:.0f} GiB, sm_{props.major}{props.minor}, "
+        f"{props.multi_processor_count} SMs"
+    )
     info["driver"] = _nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"])
     info["bf16 (sm_80 or newer)"] = (props.major, props.minor) >= (8, 0)
     return info
@@ -714,7 +841,7 @@ def gpus_seen_by_driver() -> list[str]:
 @dataclasses.dataclass
 class Result:
     phase: str
-    status: str                      # ok | FAILED: ... | timed out ... | skipped: ...
+    status: str  # ok | FAILED: ... | timed out ... | skipped: ...
     data: dict[str, Any]
     wall_s: float
 
@@ -724,11 +851,26 @@ def run_child(phase: str, args: argparse.Namespace, timeout_s: float, log: Path,
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result_file = Path(f.name)
     result_file.unlink()
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--phase", phase, "--config", str(args.config),
-           "--max-steps", str(args.max_steps), "--measure-s", str(args.measure_s), "--trainer-steps",
-           str(args.trainer_steps), "--phase-budget-s", f"{max(timeout_s - 10.0, 5.0):.0f}",
-           "--result-file", str(result_file), "--started-unix", f"{time.time():.3f}"] + \
-        (["--cut-after-steps", str(args.cut_after_steps)] if args.cut_after_steps else [])
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--phase",
+        phase,
+        "--config",
+        str(args.config),
+        "--max-steps",
+        str(args.max_steps),
+        "--measure-s",
+        str(args.measure_s),
+        "--trainer-steps",
+        str(args.trainer_steps),
+        "--phase-budget-s",
+        f"{max(timeout_s - 10.0, 5.0):.0f}",
+        "--result-file",
+        str(result_file),
+        "--started-unix",
+        f"{time.time():.3f}",
+    ] + (["--cut-after-steps", str(args.cut_after_steps)] if args.cut_after_steps else [])
     t0 = time.monotonic()
     with open(log, "a") as logf:
         logf.write(f"\n===== {phase} (at most {timeout_s:.0f} s) =====\n")
@@ -826,9 +968,11 @@ def orchestrate(args: argparse.Namespace) -> int:
         print(f"[gpu_check]   {k}: {v}", flush=True)
     results: list[Result] = []
     if driver_gpus and not cuda:
-        why = (f"nvidia-smi sees {len(driver_gpus)} GPU(s) ({driver_gpus[0]}) but torch {torch.__version__} cannot use "
-               f"them (CUDA build {torch.version.cuda}): a CPU-only torch, a driver older than the CUDA build, or "
-               "CUDA_VISIBLE_DEVICES hiding them. Fix this before paying for training.")
+        why = (
+            f"nvidia-smi sees {len(driver_gpus)} GPU(s) ({driver_gpus[0]}) but torch {torch.__version__} cannot use "
+            f"them (CUDA build {torch.version.cuda}): a CPU-only torch, a driver older than the CUDA build, or "
+            "CUDA_VISIBLE_DEVICES hiding them. Fix this before paying for training."
+        )
         print(f"[gpu_check] FAIL: {why}", flush=True)
         results.append(Result("report", f"FAILED: {why}", {"nvidia-smi": driver_gpus}, 0.0))
         return finish(args, info, results, cuda, started)
@@ -849,9 +993,13 @@ def orchestrate(args: argparse.Namespace) -> int:
     log.write_text("")
     scratch = Path(tempfile.mkdtemp(prefix="x1-gpu-check-"))
     # the trainer's own Inductor cache (training/device.py): what the phases compile, the paid run finds warm
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(), "X1_GPU_CHECK_TMP": str(scratch),
-           "PYTHONPATH": str(REPO / "src"),
-           "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")}
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
+        "X1_GPU_CHECK_TMP": str(scratch),
+        "PYTHONPATH": str(REPO / "src"),
+        "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8"),
+    }
     for phase, limit in phase_limits(args):
         left = args.deadline_s - (time.monotonic() - started) - 5.0
         if left < 15:
@@ -882,8 +1030,11 @@ def finish(args: argparse.Namespace, info: dict[str, Any], results: list[Result]
     print(table, flush=True)
     cut = [r.phase for r in results if "cut by" in r.status or r.status.startswith("timed out")]
     if cut:
-        print(f"[gpu_check] phases cut by their deadline (what they measured is kept): {', '.join(cut)}; give them "
-              "more with --phase-s NAME=SECONDS", flush=True)
+        print(
+            f"[gpu_check] phases cut by their deadline (what they measured is kept): {', '.join(cut)}; give them "
+            "more with --phase-s NAME=SECONDS",
+            flush=True,
+        )
     if args.out:
         print(f"[gpu_check] written: {args.out} and {args.out.with_suffix('.json')}", flush=True)
     failed = [r.phase for r in results if r.status.startswith(("FAILED", "timed out"))]
@@ -892,15 +1043,21 @@ def finish(args: argparse.Namespace, info: dict[str, Any], results: list[Result]
     return 1 if failed else 0
 
 
-def write_outputs(args: argparse.Namespace, info: dict[str, Any], results: list[Result], cuda: bool,
-                  started: float) -> str:
+def write_outputs(
+    args: argparse.Namespace, info: dict[str, Any], results: list[Result], cuda: bool, started: float
+) -> str:
     from gpu_check_report import markdown
 
     total = time.monotonic() - started
     table = markdown(info, results, not cuda, total)
     if args.out is not None:
-        blob = {"when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "smoke": not cuda, "total_s": total,
-                "info": info, "phases": [dataclasses.asdict(r) for r in results]}
+        blob = {
+            "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "smoke": not cuda,
+            "total_s": total,
+            "info": info,
+            "phases": [dataclasses.asdict(r) for r in results],
+        }
         _write(args.out, table)
         _write(args.out.with_suffix(".json"), json.dumps(blob, indent=2, default=str))
     return table
@@ -944,17 +1101,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="markdown report to write (also printed); the JSON goes beside it")
     p.add_argument("--config", type=Path, default=LAB_CONFIG, help="model/optimizer config (default: the lab's)")
     p.add_argument("--deadline-s", type=float, default=500.0, help="wall-clock budget for all phases")
-    p.add_argument("--max-steps", type=int, help="timed micro-steps per A/B variant at most (default 48; "
-                   f"{SMOKE_MAX_STEPS} in the CPU smoke)")
-    p.add_argument("--measure-s", type=float, help="timed seconds per A/B variant at most (default 3; "
-                   f"{SMOKE_MEASURE_S:g} in the CPU smoke)")
-    p.add_argument("--trainer-steps", type=int, default=0,
-                   help="optimizer steps of the real trainer phase (default 25 on a GPU, 6 in the CPU smoke)")
-    p.add_argument("--phase-s", action="append", default=[], metavar="NAME=SECONDS",
-                   help="a phase's deadline instead of its default (repeatable): " +
-                        ", ".join(f"{n}={s:g}" for n, s in PHASES))
-    p.add_argument("--cut-after-steps", type=int, help=argparse.SUPPRESS)   # tests: cut the trainer at a step
-    p.add_argument("--started-unix", type=float, help=argparse.SUPPRESS)    # when the orchestrator started it
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        help=f"timed micro-steps per A/B variant at most (default 48; {SMOKE_MAX_STEPS} in the CPU smoke)",
+    )
+    p.add_argument(
+        "--measure-s",
+        type=float,
+        help=f"timed seconds per A/B variant at most (default 3; {SMOKE_MEASURE_S:g} in the CPU smoke)",
+    )
+    p.add_argument(
+        "--trainer-steps",
+        type=int,
+        default=0,
+        help="optimizer steps of the real trainer phase (default 25 on a GPU, 6 in the CPU smoke)",
+    )
+    p.add_argument(
+        "--phase-s",
+        action="append",
+        default=[],
+        metavar="NAME=SECONDS",
+        help="a phase's deadline instead of its default (repeatable): " + ", ".join(f"{n}={s:g}" for n, s in PHASES),
+    )
+    p.add_argument("--cut-after-steps", type=int, help=argparse.SUPPRESS)  # tests: cut the trainer at a step
+    p.add_argument("--started-unix", type=float, help=argparse.SUPPRESS)  # when the orchestrator started it
     p.add_argument("--phase", default="all", help=argparse.SUPPRESS)
     p.add_argument("--phase-budget-s", type=float, default=60.0, help=argparse.SUPPRESS)
     p.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)
@@ -965,8 +1136,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --phase-s: {e}", file=sys.stderr)
         return 2
     if not args.config.is_file():
-        print(f"error: --config {args.config}: no such file (run from the x1 checkout, or pass --config)",
-              file=sys.stderr)
+        print(
+            f"error: --config {args.config}: no such file (run from the x1 checkout, or pass --config)", file=sys.stderr
+        )
         return 2
     if args.out is not None and args.out.suffix != ".md":
         args.out = args.out / "gpu_check.md" if args.out.is_dir() else args.out.with_suffix(".md")

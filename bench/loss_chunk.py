@@ -67,11 +67,11 @@ def measure(variant: str, args: argparse.Namespace) -> dict[str, float]:
         h.grad = w.grad = None
 
     t0 = time.perf_counter()
-    step()                                     # warm-up (and compilation)
+    step()  # warm-up (and compilation)
     first = time.perf_counter() - t0
     before = _rss_mib()
     with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")   # reset the peak to the current resident set
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak to the current resident set
     times = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
@@ -94,22 +94,39 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import tempfile
 
-    print(f"LM head + cross-entropy, {args.tokens:,} tokens x {args.dim}, vocabulary {VOCAB:,} ({ROWS:,} rows), "
-          f"chunk {args.chunk:,}, {'bf16 autocast' if args.bf16 else 'fp32'}, CPU, forward + backward")
+    print(
+        f"LM head + cross-entropy, {args.tokens:,} tokens x {args.dim}, vocabulary {VOCAB:,} ({ROWS:,} rows), "
+        f"chunk {args.chunk:,}, {'bf16 autocast' if args.bf16 else 'fp32'}, CPU, forward + backward"
+    )
     results = {}
-    with tempfile.TemporaryDirectory() as cache:   # a cold, private Inductor cache
+    with tempfile.TemporaryDirectory() as cache:  # a cold, private Inductor cache
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
         for variant in VARIANTS:
-            cmd = [sys.executable, __file__, "--child", variant, "--tokens", str(args.tokens), "--dim",
-                   str(args.dim), "--chunk", str(args.chunk), "--repeats", str(args.repeats)]
-            out = subprocess.run(cmd + (["--bf16"] if args.bf16 else []), capture_output=True, text=True,
-                                 check=True, env=env)
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                variant,
+                "--tokens",
+                str(args.tokens),
+                "--dim",
+                str(args.dim),
+                "--chunk",
+                str(args.chunk),
+                "--repeats",
+                str(args.repeats),
+            ]
+            out = subprocess.run(
+                cmd + (["--bf16"] if args.bf16 else []), capture_output=True, text=True, check=True, env=env
+            )
             results[variant] = json.loads(out.stdout.strip().splitlines()[-1])
     base = results["plain"]
     for variant, r in results.items():
-        print(f"  {variant:12s} {r['s'] * 1000:8.0f} ms ({base['s'] / r['s']:.2f}x plain's speed)  "
-              f"peak {r['peak_mib']:7,.0f} MiB ({r['peak_mib'] / base['peak_mib']:.2f} of plain's)  "
-              f"first call {r['first_s']:.1f} s")
+        print(
+            f"  {variant:12s} {r['s'] * 1000:8.0f} ms ({base['s'] / r['s']:.2f}x plain's speed)  "
+            f"peak {r['peak_mib']:7,.0f} MiB ({r['peak_mib'] / base['peak_mib']:.2f} of plain's)  "
+            f"first call {r['first_s']:.1f} s"
+        )
     return 0
 
 

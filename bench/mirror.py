@@ -38,8 +38,11 @@ def _server(log: Path) -> tuple[subprocess.Popen, str]:
         port = s.getsockname()[1]
     with open(log, "w") as out:
         # niced: on a GPU host the store's CPU is another machine's, not the trainer's
-        proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                                 str(port)], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            ["nice", "-n", "19", sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     for _ in range(600):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -61,15 +64,19 @@ def _loop(steps: int, ckpt_every: int, ckpt_dir: Path, model_mb: float, mirror) 
     torch.manual_seed(0)
     model = Transformer(cfg.model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ballast = torch.randn(int(model_mb * 1e6 / 4))   # the checkpoint's size: the lab's weights + AdamW moments
+    ballast = torch.randn(int(model_mb * 1e6 / 4))  # the checkpoint's size: the lab's weights + AdamW moments
     x = torch.randint(0, cfg.model.vocab_size, (4, 64))
 
     def on_saved(step, path, secs, size):
         if mirror is not None:
             mirror.checkpoint(path)
 
-    calls = CheckpointCalls(lambda m: {**state_dict_for_saving(m), "ballast": ballast},
-                            lambda run, state: {"step": state.step}, log=lambda s: None, on_saved=on_saved)
+    calls = CheckpointCalls(
+        lambda m: {**state_dict_for_saving(m), "ballast": ballast},
+        lambda run, state: {"step": state.step},
+        log=lambda s: None,
+        on_saved=on_saved,
+    )
     chk = Checkpointer(ckpt_dir, keep_last=2, async_save=True, calls=calls)
 
     class Run:
@@ -81,7 +88,7 @@ def _loop(steps: int, ckpt_every: int, ckpt_dir: Path, model_mb: float, mirror) 
     times = []
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
-        model(x, x).backward()      # the mean cross-entropy (x's own tokens as targets: the work is what counts)
+        model(x, x).backward()  # the mean cross-entropy (x's own tokens as targets: the work is what counts)
         opt.step()
         opt.zero_grad(set_to_none=True)
         State.step = step
@@ -106,8 +113,14 @@ def main() -> int:
     torch.set_num_threads(1)
     work = Path(tempfile.mkdtemp(prefix="x1-bench-mirror-"))
     proc, endpoint = _server(work / "moto.log")
-    os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                       "AWS_DEFAULT_REGION": "us-east-1"})
+    os.environ.update(
+        {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    )
     try:
         import boto3
 
@@ -126,13 +139,19 @@ def main() -> int:
             sent += mirror.uploaded_bytes
             mirror.close()
         a, b = statistics.median(off), statistics.median(on)
-        print(f"step time, median of {len(off)} steps each ({args.steps} steps x {args.repeats}, a "
-              f"{args.model_mb:g} MB checkpoint every {args.ckpt_every}):")
+        print(
+            f"step time, median of {len(off)} steps each ({args.steps} steps x {args.repeats}, a "
+            f"{args.model_mb:g} MB checkpoint every {args.ckpt_every}):"
+        )
         print(f"  without the mirror {a * 1e3:8.2f} ms   mean {statistics.mean(off) * 1e3:8.2f} ms")
-        print(f"  with the mirror    {b * 1e3:8.2f} ms   mean {statistics.mean(on) * 1e3:8.2f} ms   "
-              f"({sent / 1e6:,.0f} MB uploaded)")
-        print(f"  ratio with/without: median {b / a:.3f}, mean {statistics.mean(on) / statistics.mean(off):.3f} "
-              "(goal: within 1.02)")
+        print(
+            f"  with the mirror    {b * 1e3:8.2f} ms   mean {statistics.mean(on) * 1e3:8.2f} ms   "
+            f"({sent / 1e6:,.0f} MB uploaded)"
+        )
+        print(
+            f"  ratio with/without: median {b / a:.3f}, mean {statistics.mean(on) / statistics.mean(off):.3f} "
+            "(goal: within 1.02)"
+        )
         blob = work / "blob"
         with open(blob, "wb") as f:
             f.write(os.urandom(int(args.model_mb * 1e6)))
@@ -146,8 +165,10 @@ def main() -> int:
             client.upload_file(str(blob), "x1-bench", f"run/blob-boto3-{r}")
             raw_s.append(time.perf_counter() - t0)
         mb = args.model_mb
-        print(f"upload of one {mb:g} MB file, best of {args.repeats}: x1 Store.put_file {mb / min(x1_s):,.0f} MB/s, "
-              f"boto3 upload_file {mb / min(raw_s):,.0f} MB/s: ratio {min(raw_s) / min(x1_s):.2f}")
+        print(
+            f"upload of one {mb:g} MB file, best of {args.repeats}: x1 Store.put_file {mb / min(x1_s):,.0f} MB/s, "
+            f"boto3 upload_file {mb / min(raw_s):,.0f} MB/s: ratio {min(raw_s) / min(x1_s):.2f}"
+        )
     finally:
         proc.terminate()
         proc.wait()

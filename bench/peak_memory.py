@@ -68,11 +68,12 @@ def measure(variant: str, batch: int, seq: int) -> dict[str, float]:
 
         def step() -> None:
             model(x, y).backward()
-    step()                                   # warm-up: lazily made buffers, .grad tensors
-    model.zero_grad(set_to_none=False)       # keep the grads allocated, as in training
+
+    step()  # warm-up: lazily made buffers, .grad tensors
+    model.zero_grad(set_to_none=False)  # keep the grads allocated, as in training
     before = _rss_mib()
     with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")   # reset VmHWM to the current RSS
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
     step()
     return {"before_mib": before, "peak_mib": _peak_mib(), "step_mib": _peak_mib() - before}
 
@@ -88,14 +89,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.child, args.batch, args.seq)))
         return 0
     tokens = args.batch * args.seq
-    print(f"forward+backward, 4 layers x 256, vocab 50,257, micro-batch {args.batch} x {args.seq} = {tokens:,} "
-          f"tokens, fp32, CPU; logits alone are {tokens * 50257 * 4 / 2**20:,.0f} MiB")
+    print(
+        f"forward+backward, 4 layers x 256, vocab 50,257, micro-batch {args.batch} x {args.seq} = {tokens:,} "
+        f"tokens, fp32, CPU; logits alone are {tokens * 50257 * 4 / 2**20:,.0f} MiB"
+    )
     results: dict[str, float] = {}
     for variant in VARIANTS:
         runs = []
         for _ in range(args.repeats):
-            out = subprocess.run([sys.executable, __file__, "--child", variant, "--batch", str(args.batch), "--seq",
-                                  str(args.seq)], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", variant, "--batch", str(args.batch), "--seq", str(args.seq)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             runs.append(json.loads(out.stdout.strip().splitlines()[-1])["step_mib"])
         results[variant] = statistics.median(runs)
         print(f"  {variant:14s} step peak {results[variant]:8,.0f} MiB  (runs: {', '.join(f'{r:,.0f}' for r in runs)})")

@@ -64,27 +64,47 @@ def main() -> int:
         inp.mkdir()
         per = (len(docs) + args.shards - 1) // args.shards
         for k in range(args.shards):
-            pq.write_table(pa.table({"text": docs[k * per:(k + 1) * per]}), inp / f"shard{k:03d}.parquet",
-                           row_group_size=1000, compression="zstd")
+            pq.write_table(
+                pa.table({"text": docs[k * per : (k + 1) * per]}),
+                inp / f"shard{k:03d}.parquet",
+                row_group_size=1000,
+                compression="zstd",
+            )
 
         # reference: raw tiktoken on one thread, same documents
         t0 = time.perf_counter()
         n_raw = 0
         for i in range(0, len(docs), 256):
-            n_raw += sum(len(x) for x in tok.encoding.encode_ordinary_batch(docs[i:i + 256], num_threads=1))
+            n_raw += sum(len(x) for x in tok.encoding.encode_ordinary_batch(docs[i : i + 256], num_threads=1))
         raw_s = time.perf_counter() - t0
         raw_tps = n_raw / raw_s
         print(f"input: {size / 1e6:.1f} MB, {len(docs):,} documents from {origin}, {args.shards} parquet shards")
-        print(f"raw tiktoken encode_ordinary_batch, 1 thread: {n_raw:,} tokens in {raw_s:.2f} s = "
-              f"{raw_tps / 1e6:.3f} M tokens/s")
+        print(
+            f"raw tiktoken encode_ordinary_batch, 1 thread: {n_raw:,} tokens in {raw_s:.2f} s = "
+            f"{raw_tps / 1e6:.3f} M tokens/s"
+        )
         rows = []
         for w in args.workers:
             out = Path(tmp) / f"out{w}"
             before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
             t0 = time.perf_counter()
-            r = subprocess.run([sys.executable, "-m", "x1_pretrain.tokenize_data", "--input-dir", str(inp),
-                                "--output-dir", str(out), "--val-fraction", "0.001", "--workers", str(w)],
-                               capture_output=True, text=True)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "x1_pretrain.tokenize_data",
+                    "--input-dir",
+                    str(inp),
+                    "--output-dir",
+                    str(out),
+                    "--val-fraction",
+                    "0.001",
+                    "--workers",
+                    str(w),
+                ],
+                capture_output=True,
+                text=True,
+            )
             wall = time.perf_counter() - t0
             if r.returncode != 0:
                 print(r.stderr)
@@ -96,9 +116,11 @@ def main() -> int:
             tps = (n - n_eot) / wall  # compare like with like: the raw count has no EOTs
             ratio = tps / (w * raw_tps)
             rows.append((w, tps, ratio, max(peak_kb, before) / 1024))
-            print(f"tokenize_data --workers {w}: {n:,} tokens in {wall:.2f} s (process start included) = "
-                  f"{tps / 1e6:.3f} M tokens/s; ratio vs {w} x raw = {ratio:.2f}; "
-                  f"peak RSS of largest process {peak_kb / 1024:.0f} MB")
+            print(
+                f"tokenize_data --workers {w}: {n:,} tokens in {wall:.2f} s (process start included) = "
+                f"{tps / 1e6:.3f} M tokens/s; ratio vs {w} x raw = {ratio:.2f}; "
+                f"peak RSS of largest process {peak_kb / 1024:.0f} MB"
+            )
         print("\n| workers | pipeline M tok/s | ratio (target >= 0.8 at 2) | peak RSS MB |")
         print("|---|---|---|---|")
         for w, tps, ratio, rss in rows:

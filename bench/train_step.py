@@ -27,8 +27,7 @@ PRESETS = {
     # small enough for a 2-core CPU, same shape ratios as the lab model
     "small": ModelConfig(n_layer=4, d_model=256, n_head=4, n_kv_head=2, d_ff=704, seq_len=256, vocab_size=50257),
     # the lab's width and heads with fewer layers and a shorter context
-    "lab-width": ModelConfig(n_layer=2, d_model=768, n_head=12, n_kv_head=4, d_ff=2048, seq_len=256,
-                             vocab_size=50257),
+    "lab-width": ModelConfig(n_layer=2, d_model=768, n_head=12, n_kv_head=4, d_ff=2048, seq_len=256, vocab_size=50257),
 }
 
 
@@ -67,9 +66,11 @@ def bench_models(m: ModelConfig, batch: int, steps: int, compile_too: bool) -> N
         t_ours += time_steps(ours, x, y, steps // 2, hf=False)
         t_hf += time_steps(hf, x, y, steps // 2, hf=True)
     mo, mh = statistics.median(t_ours), statistics.median(t_hf)
-    print(f"model: {m.n_layer} layers, d_model {m.d_model}, heads {m.n_head}/{m.n_kv_head}, d_ff {m.d_ff}, "
-          f"seq {m.seq_len}, batch {batch}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"threads {torch.get_num_threads()}")
+    print(
+        f"model: {m.n_layer} layers, d_model {m.d_model}, heads {m.n_head}/{m.n_kv_head}, d_ff {m.d_ff}, "
+        f"seq {m.seq_len}, batch {batch}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"threads {torch.get_num_threads()}"
+    )
     print(f"x1 Transformer        median step {mo * 1000:8.1f} ms")
     print(f"HF LlamaForCausalLM   median step {mh * 1000:8.1f} ms   (attn: {hf.config._attn_implementation})")
     print(f"ratio x1/HF = {mo / mh:.3f} (target <= 1.0)")
@@ -96,15 +97,25 @@ def bench_loader(seq_len: int = 1024, micro: int = 32) -> None:
                 x, _ = gather(mm, s.starts(step, c), seq_len)
                 n += x.numel()
         dt = time.perf_counter() - t0
-    print(f"data loader (memmap -> int64 tensors, seq {seq_len}, micro-batch {micro}): {n / dt / 1e6:.1f} M tokens/s "
-          f"on one thread (target >= 20)")
+    print(
+        f"data loader (memmap -> int64 tensors, seq {seq_len}, micro-batch {micro}): {n / dt / 1e6:.1f} M tokens/s "
+        f"on one thread (target >= 20)"
+    )
 
 
 def bench_logging(steps: int = 200) -> None:
     from x1_pretrain.training.tracking import MlflowTracker
 
-    keys = ["train/loss", "train/lr", "train/grad_norm", "train/param_norm", "train/tokens_per_s", "train/mfu",
-            "train/step_time_s", "train/tokens_seen"]
+    keys = [
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "train/param_norm",
+        "train/tokens_per_s",
+        "train/mfu",
+        "train/step_time_s",
+        "train/tokens_seen",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         tracker = MlflowTracker(f"sqlite:///{tmp}/m.db", Path(tmp).as_uri(), "bench", flush_every_s=5.0)
         t0 = time.perf_counter()
@@ -118,9 +129,11 @@ def bench_logging(steps: int = 200) -> None:
     per_log = enqueue + flush / steps
     for step_s, label in ((0.5, "lab A100 step ~0.5-2 s, logging every 10 steps"),):
         share = per_log / (10 * step_s)
-        print(f"logging: {enqueue * 1e6:.0f} us to enqueue {len(keys)} metrics on the training thread, "
-              f"{flush / steps * 1e3:.2f} ms per log call to deliver in the background; "
-              f"share of training time ({label}): {share * 100:.3f}% (target < 1%)")
+        print(
+            f"logging: {enqueue * 1e6:.0f} us to enqueue {len(keys)} metrics on the training thread, "
+            f"{flush / steps * 1e3:.2f} ms per log call to deliver in the background; "
+            f"share of training time ({label}): {share * 100:.3f}% (target < 1%)"
+        )
 
 
 def main() -> int:

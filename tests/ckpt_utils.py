@@ -13,8 +13,9 @@ from x1_pretrain.training import checkpoint as ck
 
 # GPT-2's vocabulary (the tokenizer test needs it), everything else tiny; a non-default RoPE base so a
 # converter that ignored it would give other logits.
-TINY_GPT2 = ModelConfig(n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=96, seq_len=32, vocab_size=50257,
-                        rope_base=500.0)
+TINY_GPT2 = ModelConfig(
+    n_layer=2, d_model=64, n_head=4, n_kv_head=2, d_ff=96, seq_len=32, vocab_size=50257, rope_base=500.0
+)
 SMALL_VOCAB = ModelConfig(n_layer=1, d_model=32, n_head=4, n_kv_head=2, d_ff=48, seq_len=16, vocab_size=1000)
 
 

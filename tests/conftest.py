@@ -39,8 +39,10 @@ def no_hard_exit(monkeypatch):
     def record(code: int) -> None:
         if os.getpid() != pid:
             real(code)
-        calls.append(f"os._exit({code}) on thread {threading.current_thread().name}:\n"
-                     + "".join(traceback.format_stack(limit=10)))
+        calls.append(
+            f"os._exit({code}) on thread {threading.current_thread().name}:\n"
+            + "".join(traceback.format_stack(limit=10))
+        )
 
     monkeypatch.setattr(os, "_exit", record)
     yield calls
@@ -156,8 +158,9 @@ def demo_data(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("demo")
     write_demo_corpus(root / "raw")
-    code = tokenize_data.main(["--input-dir", str(root / "raw"), "--output-dir", str(root / "tok"),
-                               "--val-fraction", "0.1", "--workers", "1"])
+    code = tokenize_data.main(
+        ["--input-dir", str(root / "raw"), "--output-dir", str(root / "tok"), "--val-fraction", "0.1", "--workers", "1"]
+    )
     assert code == 0
     return root / "tok"
 
@@ -176,8 +179,23 @@ def spiked_run(demo_data, tmp_path_factory) -> Path:
     from x1_pretrain import train
 
     def build(d: Path) -> None:
-        assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), *SPIKE_ARGS, *FAST,
-                           "--ckpt-dir", str(d / "ckpt"), "--inject-spike-at-step", "40"]) == 0
+        assert (
+            train.main(
+                [
+                    "--config",
+                    str(TINY),
+                    "--data-dir",
+                    str(demo_data),
+                    *SPIKE_ARGS,
+                    *FAST,
+                    "--ckpt-dir",
+                    str(d / "ckpt"),
+                    "--inject-spike-at-step",
+                    "40",
+                ]
+            )
+            == 0
+        )
 
     return shared_build(tmp_path_factory, "spiked", build) / "ckpt"
 
@@ -188,16 +206,30 @@ def clean_run(demo_data, tmp_path_factory) -> Path:
     from x1_pretrain import train
 
     def build(d: Path) -> None:
-        assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), *SPIKE_ARGS, *FAST,
-                           "--ckpt-dir", str(d / "ckpt")]) == 0
+        assert (
+            train.main(
+                ["--config", str(TINY), "--data-dir", str(demo_data), *SPIKE_ARGS, *FAST, "--ckpt-dir", str(d / "ckpt")]
+            )
+            == 0
+        )
 
     return shared_build(tmp_path_factory, "clean", build) / "ckpt"
 
 
 # 24 steps instead of 60: the detector's baseline is 8 steps (not 20), so the injection at step 12 is already a
 # spike it flags; clipping at 0.25 (not 1.0) engages on the spike steps as the lab config's does at its scale.
-SHORT_SPIKE_ARGS = ["--total-steps", "24", "--log-every", "20", "--inject-spike-at-step", "12",
-                    "--set", "spike.baseline_steps=8", "--set", "optim.grad_clip=0.25"]
+SHORT_SPIKE_ARGS = [
+    "--total-steps",
+    "24",
+    "--log-every",
+    "20",
+    "--inject-spike-at-step",
+    "12",
+    "--set",
+    "spike.baseline_steps=8",
+    "--set",
+    "optim.grad_clip=0.25",
+]
 
 
 @pytest.fixture(scope="session")
@@ -206,15 +238,27 @@ def short_spiked_run(demo_data, tmp_path_factory) -> Path:
     from x1_pretrain import train
 
     def build(d: Path) -> None:
-        assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), *SHORT_SPIKE_ARGS, *FAST,
-                           "--ckpt-dir", str(d / "ckpt")]) == 0
+        assert (
+            train.main(
+                [
+                    "--config",
+                    str(TINY),
+                    "--data-dir",
+                    str(demo_data),
+                    *SHORT_SPIKE_ARGS,
+                    *FAST,
+                    "--ckpt-dir",
+                    str(d / "ckpt"),
+                ]
+            )
+            == 0
+        )
 
     return shared_build(tmp_path_factory, "short-spiked", build) / "ckpt"
 
 
 # -- a real S3 server (moto's, with IAM authentication) on 127.0.0.1, one per test worker ----------------------
 _s3_prefixes = itertools.count()
-
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ def failing(spec: str):
 
 
 def main() -> int:
-    spec, argv = sys.argv[1], sys.argv[sys.argv.index("--") + 1:]
+    spec, argv = sys.argv[1], sys.argv[sys.argv.index("--") + 1 :]
     fails = failing(spec)
     from x1_pretrain.training import checkpoint as ck
 
@@ -31,7 +31,7 @@ def main() -> int:
     def fill(tmp, snap):
         if not fails(snap.step):
             return real(tmp, snap)
-        (tmp / ck.MODEL_FILE).write_bytes(b"\0" * 4096)          # part of the write landed
+        (tmp / ck.MODEL_FILE).write_bytes(b"\0" * 4096)  # part of the write landed
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / ck.OPTIM_FILE))
 
     ck._fill_step_dir = fill

@@ -23,12 +23,17 @@ from .conftest import REPO, seed_store
 class MlflowServer:
     def __init__(self, root: Path, user: str, password: str, timeout_s: float = 60.0) -> None:
         self.root, self.user, self.password = root, user, password
-        seed_store(root)   # a migrated store: the server starts in seconds
+        seed_store(root)  # a migrated store: the server starts in seconds
         self.ready, self.log = root / "server.ready", root / "server.log"
-        env = {**os.environ, "X1_TEST_MLFLOW_AUTH": f"{user}:{password}"}   # not on its command line
+        env = {**os.environ, "X1_TEST_MLFLOW_AUTH": f"{user}:{password}"}  # not on its command line
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tests.mlflow_server", str(root)], cwd=REPO,
-                                         env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.mlflow_server", str(root)],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + timeout_s
         while not self.ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -68,7 +73,7 @@ class MlflowServer:
 def _serve(root: Path) -> None:
     from mlflow.server import ARTIFACT_ROOT_ENV_VAR, BACKEND_STORE_URI_ENV_VAR
 
-    os.environ[BACKEND_STORE_URI_ENV_VAR] = f"sqlite:///{root.resolve()}/mlflow.db"   # seeded: already migrated
+    os.environ[BACKEND_STORE_URI_ENV_VAR] = f"sqlite:///{root.resolve()}/mlflow.db"  # seeded: already migrated
     os.environ[ARTIFACT_ROOT_ENV_VAR] = (root.resolve() / "artifacts").as_uri()
     from mlflow.server import app
     from werkzeug.serving import make_server
@@ -78,8 +83,9 @@ def _serve(root: Path) -> None:
 
     def guarded(environ, start_response):
         if environ.get("HTTP_AUTHORIZATION") != expected:
-            start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="mlflow"'),
-                                                ("Content-Type", "text/plain")])
+            start_response(
+                "401 Unauthorized", [("WWW-Authenticate", 'Basic realm="mlflow"'), ("Content-Type", "text/plain")]
+            )
             return [b"credentials required\n"]
         with open(counter, "a") as f:
             f.write(".")

@@ -13,18 +13,44 @@ from pathlib import Path
 from .conftest import FAST, REPO, TINY, seed_store
 
 
-def train_cmd(data: Path, ckpt: Path, steps: int, *extra: str, ckpt_every: int = 1000, log_every: int = 1,
-              eval_every: int = 1000, seed: bool = True) -> list[str]:
+def train_cmd(
+    data: Path,
+    ckpt: Path,
+    steps: int,
+    *extra: str,
+    ckpt_every: int = 1000,
+    log_every: int = 1,
+    eval_every: int = 1000,
+    seed: bool = True,
+) -> list[str]:
     """The trainer's command line; ``seed`` gives a new ckpt dir a migrated MLflow store (conftest)."""
     if seed and "--mlflow-uri" not in extra:
         seed_store(ckpt)
-    return [sys.executable, "-m", "x1_pretrain.train", "--config", str(TINY), "--data-dir", str(data),
-            "--ckpt-dir", str(ckpt), "--total-steps", str(steps), "--ckpt-every", str(ckpt_every),
-            "--log-every", str(log_every), "--eval-every", str(eval_every), *FAST, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "x1_pretrain.train",
+        "--config",
+        str(TINY),
+        "--data-dir",
+        str(data),
+        "--ckpt-dir",
+        str(ckpt),
+        "--total-steps",
+        str(steps),
+        "--ckpt-every",
+        str(ckpt_every),
+        "--log-every",
+        str(log_every),
+        "--eval-every",
+        str(eval_every),
+        *FAST,
+        *extra,
+    ]
 
 
 def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    with open(log, "w") as out:   # the child keeps its own copy of the descriptor
+    with open(log, "w") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
@@ -74,8 +100,10 @@ class Terminal:
     login shell's job would). ``close`` closes the terminal as a closed SSH session does: the kernel sends SIGHUP
     to the session's leader and every later write to the terminal fails with EIO."""
 
-    _ADOPT = ("import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-              "os.execvp(sys.argv[1], sys.argv[1:])")
+    _ADOPT = (
+        "import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+        "os.execvp(sys.argv[1], sys.argv[1:])"
+    )
 
     def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
         import os
@@ -83,8 +111,15 @@ class Terminal:
         import threading
 
         self.master, slave = pty.openpty()
-        self.proc = subprocess.Popen([sys.executable, "-c", self._ADOPT, *cmd], cwd=REPO, env=env, stdin=slave,
-                                     stdout=slave, stderr=slave, close_fds=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self._ADOPT, *cmd],
+            cwd=REPO,
+            env=env,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            close_fds=True,
+        )
         os.close(slave)
         self._chunks: list[bytes] = []
         self._closing = threading.Event()
@@ -96,12 +131,12 @@ class Terminal:
         import select
 
         while not self._closing.is_set():
-            ready, _, _ = select.select([self.master], [], [], 0.05)   # never blocked in a read at close time
+            ready, _, _ = select.select([self.master], [], [], 0.05)  # never blocked in a read at close time
             if not ready:
                 continue
             try:
                 data = os.read(self.master, 65536)
-            except OSError:   # EIO: every slave side is gone (the process ended)
+            except OSError:  # EIO: every slave side is gone (the process ended)
                 return
             if not data:
                 return
@@ -144,7 +179,7 @@ def train_here(cmd: list[str]) -> int:
     no interpreter start-up or torch import (for runs whose behaviour does not need a process of their own)."""
     from x1_pretrain import train
 
-    return train.main(cmd[cmd.index("x1_pretrain.train") + 1:])
+    return train.main(cmd[cmd.index("x1_pretrain.train") + 1 :])
 
 
 # Four sequences a step in two micro-batches (FAST's batch is 16): a quarter of the LM head's work a step, for the

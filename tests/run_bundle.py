@@ -31,28 +31,68 @@ class BuiltRun:
 
 
 def train_args(data: Path, ckpt: Path, mlruns: Path, budget: Path, steps: int) -> list[str]:
-    return ["--config", str(TINY), "--data-dir", str(data), "--ckpt-dir", str(ckpt), "--mlflow-uri", mlruns.as_uri(),
-            "--total-steps", str(steps), "--log-every", str(LOG_EVERY), "--eval-every", str(EVAL_EVERY),
-            "--ckpt-every", str(EVAL_EVERY), "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget), *FAST]
+    return [
+        "--config",
+        str(TINY),
+        "--data-dir",
+        str(data),
+        "--ckpt-dir",
+        str(ckpt),
+        "--mlflow-uri",
+        mlruns.as_uri(),
+        "--total-steps",
+        str(steps),
+        "--log-every",
+        str(LOG_EVERY),
+        "--eval-every",
+        str(EVAL_EVERY),
+        "--ckpt-every",
+        str(EVAL_EVERY),
+        "--budget-cap-usd",
+        "35",
+        "--budget-curr-cost-uri",
+        str(budget),
+        *FAST,
+    ]
 
 
 def train_overrides() -> dict[str, float]:
     """The flag overrides the run was trained with (for rebuilding its resolved config in a test)."""
-    return {"train.total_steps": STEPS, "train.log_every": LOG_EVERY, "train.eval_every": EVAL_EVERY,
-            "checkpoint.every_steps": EVAL_EVERY, "budget.cap_usd": 35.0}
+    return {
+        "train.total_steps": STEPS,
+        "train.log_every": LOG_EVERY,
+        "train.eval_every": EVAL_EVERY,
+        "checkpoint.every_steps": EVAL_EVERY,
+        "budget.cap_usd": 35.0,
+    }
 
 
 def write_budget(path: Path, spent: float) -> None:
-    path.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.10, "hours_elapsed": spent / 1.10,
-                                "projected_total_usd": 30.0, "provider": "lambda",
-                                "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
+    path.write_text(
+        json.dumps(
+            {
+                "spent_usd": spent,
+                "rate_usd_per_hr": 1.10,
+                "hours_elapsed": spent / 1.10,
+                "projected_total_usd": 30.0,
+                "provider": "lambda",
+                "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        )
+    )
 
 
 def build(tmp_path_factory, data: Path) -> BuiltRun:
     """Train 3 steps, resume to 6 as the watchdog's first relaunch would, then export (once per session)."""
     root = shared_build(tmp_path_factory, "built-run", lambda d: _build(d, data))
-    return BuiltRun(root, root / "checkpoints", root / "mlruns", root / "budget.json",
-                    root / "experiments" / "X1-pretraining" / "run-cloud", (root / "export.out").read_text())
+    return BuiltRun(
+        root,
+        root / "checkpoints",
+        root / "mlruns",
+        root / "budget.json",
+        root / "experiments" / "X1-pretraining" / "run-cloud",
+        (root / "export.out").read_text(),
+    )
 
 
 def _build(root: Path, data: Path) -> None:
@@ -64,8 +104,9 @@ def _build(root: Path, data: Path) -> None:
     old = os.environ.get("X1_RESTART_COUNT")
     os.environ["X1_RESTART_COUNT"] = str(RESTARTS)
     try:
-        code = train.main([*train_args(data, ckpt, mlruns, budget, STEPS), "--resume-from-latest",
-                           "--allow-config-change"])  # the second leg changes train.total_steps
+        code = train.main(
+            [*train_args(data, ckpt, mlruns, budget, STEPS), "--resume-from-latest", "--allow-config-change"]
+        )  # the second leg changes train.total_steps
     finally:
         if old is None:
             os.environ.pop("X1_RESTART_COUNT", None)
@@ -79,7 +120,8 @@ def _build(root: Path, data: Path) -> None:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = export_run.main(["--mlflow-uri", mlruns.as_uri(), "--output", str(bundle) + "/",
-                                "--instance-type", "gpu_1x_a100_sxm4"])
+        code = export_run.main(
+            ["--mlflow-uri", mlruns.as_uri(), "--output", str(bundle) + "/", "--instance-type", "gpu_1x_a100_sxm4"]
+        )
     assert code == 0, out.getvalue()
     (root / "export.out").write_text(out.getvalue())

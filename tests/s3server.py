@@ -33,20 +33,32 @@ class S3Server:
         # moto authenticates every request after the first four (bucket, user, key, policy: made below)
         env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4", "MOTO_CALL_RESET_API": "false"}
         with open(log, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                                          str(self.port)], stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
         self._wait_listening(log)
         import boto3
 
-        setup = dict(endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id="setup",
-                     aws_secret_access_key="setup")
+        setup = dict(
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
         boto3.client("s3", **setup).create_bucket(Bucket=BUCKET)
         iam = boto3.client("iam", **setup)
         iam.create_user(UserName="x1")
         key = iam.create_access_key(UserName="x1")["AccessKey"]
         iam.put_user_policy(UserName="x1", PolicyName="s3", PolicyDocument=POLICY)
-        self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
-                    "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"], "AWS_DEFAULT_REGION": "us-east-1"}
+        self.env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
 
     def _wait_listening(self, log: Path) -> None:
         deadline = time.monotonic() + 60
@@ -64,8 +76,13 @@ class S3Server:
         import boto3
 
         e = {**self.env, **env}
-        return boto3.client("s3", endpoint_url=e["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                            aws_access_key_id=e["AWS_ACCESS_KEY_ID"], aws_secret_access_key=e["AWS_SECRET_ACCESS_KEY"])
+        return boto3.client(
+            "s3",
+            endpoint_url=e["AWS_ENDPOINT_URL"],
+            region_name="us-east-1",
+            aws_access_key_id=e["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=e["AWS_SECRET_ACCESS_KEY"],
+        )
 
     def keys(self, prefix: str = "") -> dict[str, int]:
         out: dict[str, int] = {}
@@ -96,7 +113,7 @@ class Proxy:
         self.target = port
         self.flowing = threading.Event()
         self.flowing.set()
-        self.refusing = False     # True: every new connection is closed at once (a store that is down)
+        self.refusing = False  # True: every new connection is closed at once (a store that is down)
         # pause by itself before forwarding a request that holds these bytes (or any of a tuple of them)
         self.hold_on: bytes | tuple[bytes, ...] | None = None
         self.bytes_up = 0

@@ -109,7 +109,7 @@ class SilentServer(_Listener):
         self.url = f"http://127.0.0.1:{self.port}"
 
     def _handle(self, conn: socket.socket) -> None:
-        self.connections.append(conn)   # kept open, never written to
+        self.connections.append(conn)  # kept open, never written to
 
     def close(self) -> None:
         super().close()

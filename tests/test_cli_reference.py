@@ -12,8 +12,23 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "cli-reference.md"
-COMMANDS = ["tokenizer", "tokenize_data", "plan", "budget_sidecar", "budget_serve", "train", "watchdog", "alerts",
-            "export_run", "postmortem", "dod", "export_hf", "sample", "evaluate", "remote"]
+COMMANDS = [
+    "tokenizer",
+    "tokenize_data",
+    "plan",
+    "budget_sidecar",
+    "budget_serve",
+    "train",
+    "watchdog",
+    "alerts",
+    "export_run",
+    "postmortem",
+    "dod",
+    "export_hf",
+    "sample",
+    "evaluate",
+    "remote",
+]
 SUBCOMMANDS = {"tokenizer": ["fetch", "show"], "alerts": ["test"], "remote": ["push", "pull"]}
 
 
@@ -35,9 +50,11 @@ def help_text(command: str, *sub: str) -> str:
 
 
 def render() -> str:
-    parts = ["# Command-line reference\n",
-             "Every flag of every command, as its `--help` prints it (generated: `.venv/bin/python -m "
-             "tests.test_cli_reference`; `tests/test_cli_reference.py` fails when this page and the code differ).\n"]
+    parts = [
+        "# Command-line reference\n",
+        "Every flag of every command, as its `--help` prints it (generated: `.venv/bin/python -m "
+        "tests.test_cli_reference`; `tests/test_cli_reference.py` fails when this page and the code differ).\n",
+    ]
     parts += [f"- [`{c}`](#{c.replace('_', '')})" for c in COMMANDS]
     parts.append("")
     for c in COMMANDS:
@@ -50,8 +67,9 @@ def render() -> str:
 def test_the_reference_lists_every_flag_of_every_command():
     top = sorted(p.stem for p in (REPO / "src" / "x1_pretrain").glob("*.py") if p.stem != "__init__")
     assert sorted(COMMANDS) == top, "a command is missing from the reference"
-    assert REFERENCE.read_text() == render(), \
+    assert REFERENCE.read_text() == render(), (
         "docs/cli-reference.md is out of date: run .venv/bin/python -m tests.test_cli_reference"
+    )
 
 
 if __name__ == "__main__":

@@ -47,10 +47,17 @@ def test_a_broken_flash_attn_install_falls_back_to_sdpa(tmp_path):
     pkg = tmp_path / "flash_attn"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("raise OSError('flash_attn_2_cuda.so: undefined symbol: _ZN3c10')\n")
-    code = ("import torch; from x1_pretrain.model import transformer as t; assert not t.flash_available(); "
-            "q = torch.randn(1, 2, 4, 8); print(t.causal_attention(q, q, q, use_flash=True).shape)")
-    r = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-                       capture_output=True, text=True, timeout=120)
+    code = (
+        "import torch; from x1_pretrain.model import transformer as t; assert not t.flash_available(); "
+        "q = torch.randn(1, 2, 4, 8); print(t.causal_attention(q, q, q, use_flash=True).shape)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "torch.Size([1, 2, 4, 8])" in r.stdout
 
@@ -69,8 +76,9 @@ def _make_test_compat_without_python310(tmp_path, ci: str) -> subprocess.Complet
         import pytest
 
         pytest.skip("this machine has a Python 3.10 outside pyenv (.ci/python310 finds it)")
-    return subprocess.run(["make", "--no-print-directory", "test-compat"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        ["make", "--no-print-directory", "test-compat"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_ci_fails_the_compat_lane_when_no_python310_exists(tmp_path):

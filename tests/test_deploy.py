@@ -51,7 +51,7 @@ def test_resources_are_the_labs(task):
 def test_job_recovery_recovers_preemption_not_decisions(task):
     rec = task["resources"]["job_recovery"]
     assert rec["strategy"] == "FAILOVER" and rec["max_restarts_on_errors"] == 0
-    assert rec["recover_on_exit_codes"] == [75, 7, 8]   # 8: the store was down through the wait
+    assert rec["recover_on_exit_codes"] == [75, 7, 8]  # 8: the store was down through the wait
     assert not {0, 2, 3, 4, 5, 6} & set(rec["recover_on_exit_codes"])
 
 
@@ -61,33 +61,45 @@ def test_scripts_parse_and_use_the_labs_commands(task):
     setup, run = _flat(task["setup"]), _flat(task["run"])
     assert "bash deploy/install.sh" in setup and "python -m x1_pretrain.tokenizer fetch" in setup
     assert "mkdir -p /workspace/{data,checkpoints,mlruns,logs}" in run
-    assert ('huggingface-cli download HuggingFaceFW/fineweb-edu --repo-type dataset --include "sample/10BT/*.parquet" '
-            "--local-dir /workspace/data/fineweb-edu") in run
-    assert ('huggingface-cli download monology/pile-uncopyrighted --repo-type dataset '
-            '--include "test/*.jsonl.zst"') in run
+    assert (
+        'huggingface-cli download HuggingFaceFW/fineweb-edu --repo-type dataset --include "sample/10BT/*.parquet" '
+        "--local-dir /workspace/data/fineweb-edu"
+    ) in run
+    assert (
+        'huggingface-cli download monology/pile-uncopyrighted --repo-type dataset --include "test/*.jsonl.zst"'
+    ) in run
     assert ("--output-dir /workspace/data/tokenized --tokenizer gpt2 --val-fraction 0.001 --workers 16") in run
-    assert "python -m x1_pretrain.budget_sidecar --provider \"$provider\" --out /workspace/budget.json " \
-           "--interval-min 5" in run
+    assert (
+        'python -m x1_pretrain.budget_sidecar --provider "$provider" --out /workspace/budget.json '
+        "--interval-min 5" in run
+    )
     # one machine runs the lab's command as written; several put torchrun before its module (launcher)
     assert "launcher=(python -m x1_pretrain.train)" in run and "budget_uri=/workspace/budget.json" in run
-    assert ("python -m x1_pretrain.watchdog --events-file \"$logs/watchdog.jsonl\" -- \"${launcher[@]}\" "
-            "--config configs/x1-50m-a100.yaml --data-dir /workspace/data/tokenized --ckpt-dir /workspace/checkpoints "
-            "--mlflow-uri file:///workspace/mlruns --total-steps \"$X1_TOTAL_STEPS\" --ckpt-every 1800 "
-            "--checkpoint-every-min 15 --eval-every 1800 --log-every 10 --resume-from-latest --budget-cap-usd 35.0 "
-            "--budget-curr-cost-uri \"$budget_uri\"") in run
-    assert "python -m x1_pretrain.export_run --mlflow-uri file:///workspace/mlruns " \
-           "--output experiments/X1-pretraining/run-cloud/" in run
-    assert "python -m x1_pretrain.postmortem --mlflow-uri file:///workspace/mlruns " \
-           "--output experiments/X1-pretraining/run-cloud/spike-postmortem.md" in run
+    assert (
+        'python -m x1_pretrain.watchdog --events-file "$logs/watchdog.jsonl" -- "${launcher[@]}" '
+        "--config configs/x1-50m-a100.yaml --data-dir /workspace/data/tokenized --ckpt-dir /workspace/checkpoints "
+        '--mlflow-uri file:///workspace/mlruns --total-steps "$X1_TOTAL_STEPS" --ckpt-every 1800 '
+        "--checkpoint-every-min 15 --eval-every 1800 --log-every 10 --resume-from-latest --budget-cap-usd 35.0 "
+        '--budget-curr-cost-uri "$budget_uri"'
+    ) in run
+    assert (
+        "python -m x1_pretrain.export_run --mlflow-uri file:///workspace/mlruns "
+        "--output experiments/X1-pretraining/run-cloud/" in run
+    )
+    assert (
+        "python -m x1_pretrain.postmortem --mlflow-uri file:///workspace/mlruns "
+        "--output experiments/X1-pretraining/run-cloud/spike-postmortem.md" in run
+    )
     assert "python -m x1_pretrain.dod --run-dir experiments/X1-pretraining/run-cloud/" in run
     # several nodes: budget.json is served to the cluster's bearer token only, on the head's private address
     assert "http.server" not in run
-    assert ('python -m x1_pretrain.budget_serve --file /workspace/budget.json --bind "$head_ip" '
-            '--port "$X1_BUDGET_PORT"') in run
+    assert (
+        'python -m x1_pretrain.budget_serve --file /workspace/budget.json --bind "$head_ip" --port "$X1_BUDGET_PORT"'
+    ) in run
 
 
 def test_budget_stops_leave_with_exit_0(task):
-    case = task["run"][task["run"].index('case "$code" in'):]
+    case = task["run"][task["run"].index('case "$code" in') :]
     assert re.search(r"3\|4\)(?:(?!;;).)*exit 0 ;;", case, re.S), "exit codes 3/4 must end the job with exit 0"
 
 
@@ -98,7 +110,7 @@ def test_a_store_down_through_every_wait_is_recovered_on_a_new_vm(task):
 
     recovered = set(task["resources"]["job_recovery"]["recover_on_exit_codes"])
     assert {e.code for e in EXIT_CODES if e.relaunched} - {EXIT_UNEXPECTED} == recovered
-    case = task["run"][task["run"].index('case "$code" in'):]
+    case = task["run"][task["run"].index('case "$code" in') :]
     assert re.search(rf"\n\s*{EXIT_STORE_UNAVAILABLE}\)(?:(?!;;).)*exit {EXIT_STORE_UNAVAILABLE} ;;", case, re.S)
 
 
@@ -134,8 +146,9 @@ mkdir -p "$dir/sample/10BT" "$dir/test"; touch "$dir/sample/10BT/000_00000.parqu
 """
 
 
-def _run(task: dict, tmp: Path, train_exit: int, cloud: str = "Lambda", tokenized: bool = True,
-         **env_overrides: str) -> tuple[subprocess.CompletedProcess[str], list[list[str]], Path]:
+def _run(
+    task: dict, tmp: Path, train_exit: int, cloud: str = "Lambda", tokenized: bool = True, **env_overrides: str
+) -> tuple[subprocess.CompletedProcess[str], list[list[str]], Path]:
     cmd, env, ws = _script(task, tmp, train_exit, cloud, tokenized, **env_overrides)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     return proc, _calls(tmp / "fake"), ws
@@ -145,8 +158,9 @@ def _calls(fake: Path) -> list[list[str]]:
     return [line.split(SEP)[:-1] for line in (fake / "calls").read_text().splitlines() if line]
 
 
-def _script(task: dict, tmp: Path, train_exit: int, cloud: str = "Lambda", tokenized: bool = True,
-            **env_overrides: str) -> tuple[list[str], dict[str, str], Path]:
+def _script(
+    task: dict, tmp: Path, train_exit: int, cloud: str = "Lambda", tokenized: bool = True, **env_overrides: str
+) -> tuple[list[str], dict[str, str], Path]:
     ws, fake = tmp / "workspace", tmp / "fake"
     for d in (ws, fake / "bin"):
         d.mkdir(parents=True, exist_ok=True)
@@ -157,10 +171,18 @@ def _script(task: dict, tmp: Path, train_exit: int, cloud: str = "Lambda", token
     if tokenized:
         (ws / "data" / "tokenized").mkdir(parents=True, exist_ok=True)
         (ws / "data" / "tokenized" / "meta.json").write_text("{}")
-    env = {**os.environ, **{k: str(v) for k, v in task["envs"].items()}, **{k: "" for k in task["secrets"]},
-           "PATH": f"{fake / 'bin'}:{os.environ['PATH']}", "REAL_PYTHON": sys.executable, "FAKE_DIR": str(fake),
-           "FAKE_WS": str(ws), "FAKE_TRAIN_EXIT": str(train_exit),
-           "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": cloud, "region": "us-east-1"}), **env_overrides}
+    env = {
+        **os.environ,
+        **{k: str(v) for k, v in task["envs"].items()},
+        **{k: "" for k in task["secrets"]},
+        "PATH": f"{fake / 'bin'}:{os.environ['PATH']}",
+        "REAL_PYTHON": sys.executable,
+        "FAKE_DIR": str(fake),
+        "FAKE_WS": str(ws),
+        "FAKE_TRAIN_EXIT": str(train_exit),
+        "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": cloud, "region": "us-east-1"}),
+        **env_overrides,
+    }
     script = task["run"].replace("/workspace", str(ws))
     return ["bash", "-c", script], env, ws
 
@@ -187,8 +209,16 @@ def test_run_script_maps_trainer_exits_to_job_exits(task, tmp_path, train_exit, 
     proc, calls, ws = _run(task, tmp_path, train_exit, LAMBDA_API_KEY="key-in-env")
     assert proc.returncode == job_exit, proc.stdout + proc.stderr
     sidecar = _call(calls, "x1_pretrain.budget_sidecar")
-    assert sidecar == ["-m", "x1_pretrain.budget_sidecar", "--provider", "lambda", "--out", f"{ws}/budget.json",
-                       "--interval-min", "5"]
+    assert sidecar == [
+        "-m",
+        "x1_pretrain.budget_sidecar",
+        "--provider",
+        "lambda",
+        "--out",
+        f"{ws}/budget.json",
+        "--interval-min",
+        "5",
+    ]
     assert _sidecar_stopped(tmp_path / "fake")
     exported = _call(calls, "x1_pretrain.export_run") is not None
     assert exported == (train_exit in (0, 3, 4))
@@ -225,8 +255,9 @@ def test_clock_billing_needs_a_rate_and_counts_from_the_launch(task, tmp_path):
     proc, calls, _ = _run(task, tmp_path, 0, cloud="RunPod")
     assert proc.returncode == 2 and "X1_RATE_USD_PER_HR" in proc.stdout
     assert _call(calls, "x1_pretrain.watchdog") is None
-    proc, calls, _ = _run(task, tmp_path, 0, cloud="RunPod", X1_RATE_USD_PER_HR="0.79",
-                          X1_RUN_STARTED_UTC="2026-05-23T03:00:00Z")
+    proc, calls, _ = _run(
+        task, tmp_path, 0, cloud="RunPod", X1_RATE_USD_PER_HR="0.79", X1_RUN_STARTED_UTC="2026-05-23T03:00:00Z"
+    )
     sidecar = _call(calls, "x1_pretrain.budget_sidecar")
     assert proc.returncode == 0 and sidecar[2:4] == ["--provider", "clock"]
     assert sidecar[-4:] == ["--rate-usd-per-hr", "0.79", "--started-utc", "2026-05-23T03:00:00Z"]
@@ -237,25 +268,28 @@ def test_a_new_vm_takes_the_tokens_and_logs_from_the_bucket_instead_of_making_th
     S3 server); a preempted job's new VM, on an empty disk, pulls them, does not tokenize, carries on the logs,
     and passes the same --ckpt-remote to the trainer. Without X1_CKPT_REMOTE the script says what that costs."""
     keys = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    proc, calls, ws = _run(task, tmp_path / "vm1", 75, tokenized=False, LAMBDA_API_KEY="k", X1_CKPT_REMOTE=s3env,
-                           **keys)
+    proc, calls, ws = _run(
+        task, tmp_path / "vm1", 75, tokenized=False, LAMBDA_API_KEY="k", X1_CKPT_REMOTE=s3env, **keys
+    )
     assert proc.returncode == 75, proc.stdout + proc.stderr
     assert _call(calls, "x1_pretrain.tokenize_data") is not None
     assert "no complete tokens in" in proc.stdout
     store = Store(RemoteURL.parse(s3env))
     assert {"data/tokenized/meta.json", "data/tokenized/x1-dir.json", "logs/cloud.log", "logs/train.log"} <= set(
-        store.list_objects())
-    proc, calls, ws2 = _run(task, tmp_path / "vm2", 0, tokenized=False, LAMBDA_API_KEY="k", X1_CKPT_REMOTE=s3env,
-                            **keys)
+        store.list_objects()
+    )
+    proc, calls, ws2 = _run(
+        task, tmp_path / "vm2", 0, tokenized=False, LAMBDA_API_KEY="k", X1_CKPT_REMOTE=s3env, **keys
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _call(calls, "x1_pretrain.tokenize_data") is None and not [c for c in calls if c[0] == "huggingface-cli"]
     tokens = ("data", "tokenized", "meta.json")
     assert ws2.joinpath(*tokens).read_text() == ws.joinpath(*tokens).read_text()
     cloud_log = (ws2 / "logs" / "cloud.log").read_text()
-    assert "interrupted after a clean checkpoint" in cloud_log and "finished (exit 0)" in cloud_log   # both VMs
+    assert "interrupted after a clean checkpoint" in cloud_log and "finished (exit 0)" in cloud_log  # both VMs
     wd = _call(calls, "x1_pretrain.watchdog")
     assert wd is not None and wd[wd.index("--ckpt-remote") + 1] == s3env
-    assert "finished (exit 0)" in store.get_bytes("logs/cloud.log").decode()   # pushed at exit
+    assert "finished (exit 0)" in store.get_bytes("logs/cloud.log").decode()  # pushed at exit
     proc, calls, _ = _run(task, tmp_path / "vm3", 0, LAMBDA_API_KEY="k")
     assert proc.returncode == 0 and "no X1_CKPT_REMOTE" in proc.stdout
     assert _call(calls, "x1_pretrain.remote") is None
@@ -265,8 +299,9 @@ def test_a_stop_reaches_the_trainer_and_the_logs_go_up_after_it_ended(task, tmp_
     """SIGTERM to the run script (a preemption, sky jobs cancel): it is passed to the trainer, the script waits
     for the trainer's exit 75, and only then pushes the logs, which hold the trainer's last line."""
     keys = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    cmd, env, ws = _script(task, tmp_path, 0, LAMBDA_API_KEY="k", X1_CKPT_REMOTE=s3env, FAKE_TRAIN_UNTIL_TERM="1",
-                           **keys)
+    cmd, env, ws = _script(
+        task, tmp_path, 0, LAMBDA_API_KEY="k", X1_CKPT_REMOTE=s3env, FAKE_TRAIN_UNTIL_TERM="1", **keys
+    )
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert wait_until(lambda: (tmp_path / "fake" / "training").exists() or proc.poll() is not None, timeout=60)
@@ -294,14 +329,21 @@ def test_two_nodes_one_bill_one_rendezvous_and_the_head_alone_exports(task, tmp_
     from .s3server import free_port
 
     port = free_port()
-    common = {"LAMBDA_API_KEY": "k", "X1_RATE_USD_PER_HR": "1.10", "SKYPILOT_NUM_NODES": "2",
-              "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.2", "SKYPILOT_NUM_GPUS_PER_NODE": "1",
-              "X1_BUDGET_PORT": str(port), "SKYPILOT_TASK_ID": "job-7"}
+    common = {
+        "LAMBDA_API_KEY": "k",
+        "X1_RATE_USD_PER_HR": "1.10",
+        "SKYPILOT_NUM_NODES": "2",
+        "SKYPILOT_NODE_IPS": "127.0.0.1\n127.0.0.2",
+        "SKYPILOT_NUM_GPUS_PER_NODE": "1",
+        "X1_BUDGET_PORT": str(port),
+        "SKYPILOT_TASK_ID": "job-7",
+    }
     cmd, env, ws = _script(task, tmp_path / "head", 0, FAKE_TRAIN_UNTIL_TERM="1", SKYPILOT_NODE_RANK="0", **common)
     head = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        assert wait_until(lambda: (tmp_path / "head" / "fake" / "training").exists() or head.poll() is not None,
-                          timeout=60)
+        assert wait_until(
+            lambda: (tmp_path / "head" / "fake" / "training").exists() or head.poll() is not None, timeout=60
+        )
         assert head.poll() is None, head.communicate()[0]
         url = f"http://127.0.0.1:{port}/budget.json"
         assert wait_until(lambda: _answers(url), timeout=30)
@@ -326,16 +368,26 @@ def test_two_nodes_one_bill_one_rendezvous_and_the_head_alone_exports(task, tmp_
     for calls, rank, uri in ((calls0, 0, f"{ws}/budget.json"), (calls1, 1, url)):
         wd = _call(calls, "x1_pretrain.watchdog")
         assert wd is not None
-        run = wd[wd.index("--") + 1:]
-        assert run[:11] == ["python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-                            f"--node-rank={rank}", "--master-addr=127.0.0.1", "--master-port=29500",
-                            "--rdzv-conf=timeout=3600", "-m", "x1_pretrain.train"]
+        run = wd[wd.index("--") + 1 :]
+        assert run[:11] == [
+            "python",
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            f"--node-rank={rank}",
+            "--master-addr=127.0.0.1",
+            "--master-port=29500",
+            "--rdzv-conf=timeout=3600",
+            "-m",
+            "x1_pretrain.train",
+        ]
         assert run[run.index("--budget-curr-cost-uri") + 1] == uri
     assert "node 1 of 2: the head (127.0.0.1) bills every node" in proc.stdout
-    assert (tmp_path / "node1" / "fake" / "budget_token").read_text() == token   # node 1's trainer sends it
+    assert (tmp_path / "node1" / "fake" / "budget_token").read_text() == token  # node 1's trainer sends it
     serving = next(c for c in calls0 if c[:2] == ["-m", "x1_pretrain.budget_serve"] and "--file" in c)
     assert serving[2:] == ["--file", f"{ws}/budget.json", "--bind", "127.0.0.1", "--port", str(port)]
-    assert token not in " ".join(" ".join(c) for c in calls0 + calls1)   # never on a command line (ps)
+    assert token not in " ".join(" ".join(c) for c in calls0 + calls1)  # never on a command line (ps)
 
 
 def _answers(url: str) -> bool:
@@ -345,7 +397,7 @@ def _answers(url: str) -> bool:
     try:
         urllib.request.urlopen(url, timeout=2).read()
         return True
-    except urllib.error.HTTPError:   # an answer (401: no token)
+    except urllib.error.HTTPError:  # an answer (401: no token)
         return True
     except OSError:
         return False
@@ -372,8 +424,9 @@ def test_skypilot_loads_the_task_and_each_cloud_supports_what_it_is_asked():
         "                'image': r.extract_docker_image(), 'recovery': r.job_recovery})\n"
         "print(json.dumps({'name': t.name, 'resources': out}))\n"
     )
-    proc = subprocess.run([python, "-c", code, str(DEPLOY / "skypilot.yaml")], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [python, "-c", code, str(DEPLOY / "skypilot.yaml")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     data = json.loads(proc.stdout.strip().splitlines()[-1])
     clouds = {r["cloud"]: r for r in data["resources"]}
@@ -401,10 +454,14 @@ def test_dockerfile_pins_the_image_and_keeps_its_torch():
             assert (REPO / part).exists(), part
 
 
-@pytest.mark.skipif(shutil.which("docker") is None or not os.environ.get("X1_DOCKER_BUILD"),
-                    reason="set X1_DOCKER_BUILD=1 on a machine with docker and access to nvcr.io")
+@pytest.mark.skipif(
+    shutil.which("docker") is None or not os.environ.get("X1_DOCKER_BUILD"),
+    reason="set X1_DOCKER_BUILD=1 on a machine with docker and access to nvcr.io",
+)
 def test_docker_image_builds_and_imports():  # pragma: no cover - needs docker and ~15 GB
-    subprocess.run(["docker", "build", "-f", str(DEPLOY / "Dockerfile"), "-t", "x1-pretrain:test", str(REPO)],
-                   check=True)
-    subprocess.run(["docker", "run", "--rm", "x1-pretrain:test", "python", "-m", "x1_pretrain.tokenizer", "show"],
-                   check=True)
+    subprocess.run(
+        ["docker", "build", "-f", str(DEPLOY / "Dockerfile"), "-t", "x1-pretrain:test", str(REPO)], check=True
+    )
+    subprocess.run(
+        ["docker", "run", "--rm", "x1-pretrain:test", "python", "-m", "x1_pretrain.tokenizer", "show"], check=True
+    )

@@ -13,9 +13,16 @@ PAGES = [REPO / "README.md", REPO / "DEVELOPERS.md", *sorted((REPO / "docs").glo
 def test_the_readme_is_short_and_says_where_to_look_next():
     text = (REPO / "README.md").read_text()
     assert len(text.splitlines()) <= 200
-    for must in ("make demo", "make test", "python -m x1_pretrain.tokenize_data",
-                 "python -m x1_pretrain.budget_sidecar", "--dry-run-budget", "python -m x1_pretrain.watchdog",
-                 "## Exit codes", "## Where to look next"):
+    for must in (
+        "make demo",
+        "make test",
+        "python -m x1_pretrain.tokenize_data",
+        "python -m x1_pretrain.budget_sidecar",
+        "--dry-run-budget",
+        "python -m x1_pretrain.watchdog",
+        "## Exit codes",
+        "## Where to look next",
+    ):
         assert must in text, must
 
 
@@ -38,12 +45,21 @@ def _anchors(page) -> set[str]:
 
 def test_no_doc_sends_users_to_the_developers_shared_folder():
     """``../shared`` exists only beside the developers' checkout: what users need of it (the errata) is in docs/."""
-    tracked = [REPO / p for p in subprocess.run(
-        ["git", "ls-files", "*.md"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()]
+    tracked = [
+        REPO / p
+        for p in subprocess.run(
+            ["git", "ls-files", "*.md"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.split()
+    ]
     pages = sorted({*PAGES, *tracked})
     assert REPO / "docs" / "errata.md" in pages
-    offending = [f"{p.relative_to(REPO)}:{i}" for p in pages if p.is_file()
-                 for i, line in enumerate(p.read_text().splitlines(), 1) if "../shared" in line]
+    offending = [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in pages
+        if p.is_file()
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "../shared" in line
+    ]
     assert not offending, offending
     assert "](docs/errata.md" in (REPO / "README.md").read_text()
 

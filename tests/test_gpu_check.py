@@ -23,7 +23,7 @@ def run_check(tmp_path: Path, env_extra: dict[str, str]) -> subprocess.Completed
 
 
 def test_without_a_gpu_every_phase_runs_as_a_smoke_and_it_exits_0(tmp_path):
-    no_driver = tmp_path / "bin"     # even on a GPU host: a driver that lists no GPU
+    no_driver = tmp_path / "bin"  # even on a GPU host: a driver that lists no GPU
     no_driver.mkdir()
     (no_driver / "nvidia-smi").write_text("#!/bin/sh\necho 'No devices were found'\nexit 6\n")
     (no_driver / "nvidia-smi").chmod(0o755)
@@ -34,8 +34,17 @@ def test_without_a_gpu_every_phase_runs_as_a_smoke_and_it_exits_0(tmp_path):
     assert "No CUDA GPU detected" in table and "| torch |" in table
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     phases = {p["phase"]: p for p in report["phases"]}
-    assert list(phases) == ["report", "trainer", "grads", "graph-breaks", "bf16-vs-fp32", "ab-eager", "ab-compiled",
-                            "profile", "trainer-lab-mode"]
+    assert list(phases) == [
+        "report",
+        "trainer",
+        "grads",
+        "graph-breaks",
+        "bf16-vs-fp32",
+        "ab-eager",
+        "ab-compiled",
+        "profile",
+        "trainer-lab-mode",
+    ]
     assert report["smoke"] is True
     assert all(p["status"].startswith(("ok", "skipped")) for p in phases.values()), phases
     trainer = phases["trainer"]["data"]
@@ -63,7 +72,7 @@ def test_a_gpu_the_driver_sees_but_torch_cannot_use_fails_the_check(tmp_path):
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert "nvidia-smi sees 1 GPU(s)" in proc.stdout and "torch" in proc.stdout
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert [p["phase"] for p in report["phases"]] == ["report"]          # no CPU numbers passed off as a GPU's
+    assert [p["phase"] for p in report["phases"]] == ["report"]  # no CPU numbers passed off as a GPU's
     assert report["phases"][0]["status"].startswith("FAILED")
 
 
@@ -77,8 +86,15 @@ def _gpu_check():
 
 
 def _args(gpu_check, **kw) -> argparse.Namespace:
-    base = dict(config=gpu_check.LAB_CONFIG, max_steps=4, measure_s=1.0, trainer_steps=5_000, cut_after_steps=None,
-                phase="trainer", phase_budget_s=60.0)
+    base = dict(
+        config=gpu_check.LAB_CONFIG,
+        max_steps=4,
+        measure_s=1.0,
+        trainer_steps=5_000,
+        cut_after_steps=None,
+        phase="trainer",
+        phase_budget_s=60.0,
+    )
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -87,14 +103,14 @@ def test_the_trainer_phase_stopped_at_its_deadline_ends_itself_and_says_so(tmp_p
     its budget, the orchestrator's timeout less 10 s) and reports it as cut, whatever it had measured by then. A
     phase that finishes in its own process (bf16-vs-fp32, the smoke's quickest) is reported ok with its data."""
     gpu_check = _gpu_check()
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "X1_GPU_CHECK_TMP": str(tmp_path)}   # the phase's scratch
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "X1_GPU_CHECK_TMP": str(tmp_path)}  # the phase's scratch
     log = tmp_path / "child.log"
     log.write_text("")
     slow = gpu_check.run_child("trainer", _args(gpu_check), timeout_s=32.0, log=log, env=env)
     assert "cut by its deadline" in slow.status and "of 5000 steps" in slow.status, slow.status
-    assert slow.wall_s < 32                       # it ended itself: the orchestrator's kill was not needed
+    assert slow.wall_s < 32  # it ended itself: the orchestrator's kill was not needed
     assert "--total-steps 5000" in slow.data["command"] and slow.data["cut"] == "its deadline"
-    assert not list(tmp_path.glob("x1-gpu-check-trainer-*"))   # its scratch removed
+    assert not list(tmp_path.glob("x1-gpu-check-trainer-*"))  # its scratch removed
     done = gpu_check.run_child("bf16-vs-fp32", _args(gpu_check), timeout_s=120.0, log=log, env=env)
     assert done.status == "ok" and [r["run"] for r in done.data["rows"]] == ["fp32", "bf16", "bf16 + bf16 residual"]
 
@@ -113,20 +129,22 @@ def test_a_cut_trainer_keeps_its_warm_speed_mfu_and_step_time(tmp_path, monkeypa
     fig = d["figures"]
     assert d["cut"] == "--cut-after-steps 10" and d["ok"] is True and d["exit_code"] is None
     assert fig["steps_done"] >= 10 and fig["tokens_per_s"] > 0 and fig["first_step_s"] > 0
-    assert fig["warm_steps"] >= 5      # two warm progress records at least (written every 5 steps: 5 and 10)
-    assert "cut by --cut-after-steps 10 after" in gpu_check.phase_status(d, "ok") and "of 5000 steps" in \
-        gpu_check.phase_status(d, "ok")
+    assert fig["warm_steps"] >= 5  # two warm progress records at least (written every 5 steps: 5 and 10)
+    assert "cut by --cut-after-steps 10 after" in gpu_check.phase_status(
+        d, "ok"
+    ) and "of 5000 steps" in gpu_check.phase_status(d, "ok")
 
 
 def test_trainer_figures_from_progress_samples():
     """Steps 1 (compile) and 2 are not warm; from step 5 at t=10 s to step 15 at t=30 s: 2 s a step."""
     gpu_check = _gpu_check()
     samples = [(1, 0.0), (2, 6.0), (5, 10.0), (10, 20.0), (15, 30.0)]
-    fig = gpu_check.trainer_figures(samples, tokens_per_step=1000, flops_honest=6_000, flops_lab=3_000,
-                                    peak_tflops=1e-6)
+    fig = gpu_check.trainer_figures(
+        samples, tokens_per_step=1000, flops_honest=6_000, flops_lab=3_000, peak_tflops=1e-6
+    )
     assert fig["step_s"] == 2.0 and fig["tokens_per_s"] == 500.0 and fig["warm_steps"] == 10
     assert fig["mfu"] == pytest.approx(500 * 6_000 / 1e6) and fig["mfu_lab_6n"] == pytest.approx(fig["mfu"] / 2)
-    assert gpu_check.trainer_figures(samples[:3], 1000, 6_000, 3_000, None) == {}   # one warm sample: no speed
+    assert gpu_check.trainer_figures(samples[:3], 1000, 6_000, 3_000, None) == {}  # one warm sample: no speed
     assert "mfu" not in gpu_check.trainer_figures(samples, 1000, 6_000, 3_000, None)
     # the run's last step (after its final val loss and checkpoint) is left out where two warm samples remain
     slow_end = [(5, 10.0), (10, 20.0), (15, 40.0)]
@@ -143,12 +161,16 @@ def test_phase_deadlines_are_overridden_by_name(capsys):
     assert gpu_check.main(["--phase-s", "trainer=-1"]) == 2
 
 
-@pytest.mark.parametrize("name,group", [("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM"),
-                                        ("flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, cutlass::bfloat16_t>>",
-                                         "attention"),
-                                        ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80", "attention"),
-                                        ("triton_red_fused_exp_logsumexp_sub_0", "loss"),
-                                        ("void at::native::multi_tensor_apply_kernel<FusedAdamW>", "optimizer"),
-                                        ("triton_poi_fused_add_mul_silu_3", "elementwise/other")])
+@pytest.mark.parametrize(
+    "name,group",
+    [
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "GEMM"),
+        ("flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, cutlass::bfloat16_t>>", "attention"),
+        ("fmha_cutlassB_bf16_aligned_64x64_k64_sm80", "attention"),
+        ("triton_red_fused_exp_logsumexp_sub_0", "loss"),
+        ("void at::native::multi_tensor_apply_kernel<FusedAdamW>", "optimizer"),
+        ("triton_poi_fused_add_mul_silu_3", "elementwise/other"),
+    ],
+)
 def test_profile_groups_kernel_names(name, group):
     assert _gpu_check().kernel_group(name) == group

@@ -25,16 +25,19 @@ from .budget.alerts import from_env
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.alerts", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.alerts", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("test", help="send a TEST alert to every configured channel")
     t.add_argument("--message", default="Alert channels work.")
     args = p.parse_args(argv)
     alerter = from_env()
     if not alerter.channels():
-        print("error: no alert channel configured; set X1_SLACK_WEBHOOK_URL and/or X1_SMTP_HOST and X1_SMTP_TO",
-              file=sys.stderr)
+        print(
+            "error: no alert channel configured; set X1_SLACK_WEBHOOK_URL and/or X1_SMTP_HOST and X1_SMTP_TO",
+            file=sys.stderr,
+        )
         return 2
     results = alerter.send("alert channel test", args.message, test=True)
     for name, err in results.items():

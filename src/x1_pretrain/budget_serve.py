@@ -25,16 +25,26 @@ from .core.cli import guarded
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.budget_serve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.budget_serve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--file", type=Path, help="the budget.json to serve (the sidecar's --out)")
-    p.add_argument("--bind", default="127.0.0.1",
-                   help="the address to listen on: the cluster's private address (default 127.0.0.1)")
+    p.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        help="the address to listen on: the cluster's private address (default 127.0.0.1)",
+    )
     p.add_argument("--port", type=int, default=8799, help="the port (default 8799; 0: any free port)")
-    p.add_argument("--token-file", type=Path,
-                   help="a file holding the bearer token (default: $X1_BUDGET_TOKEN, then $X1_BUDGET_TOKEN_FILE)")
-    p.add_argument("--derive-token", action="store_true",
-                   help="print the token derived from this SkyPilot task's secrets and exit")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        help="a file holding the bearer token (default: $X1_BUDGET_TOKEN, then $X1_BUDGET_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--derive-token", action="store_true", help="print the token derived from this SkyPilot task's secrets and exit"
+    )
     return p
 
 
@@ -47,14 +57,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.file is None:
             build_parser().error("--file is required (the budget.json to serve)")
-        server = BudgetServer(args.file, check_token(token_from_env(token_file=args.token_file)), args.bind,
-                              args.port)
+        server = BudgetServer(args.file, check_token(token_from_env(token_file=args.token_file)), args.bind, args.port)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         server.start()
-        print(f"[budget_serve] serving {args.file} at {server.url} (bearer token required)", file=sys.stderr,
-              flush=True)
+        print(
+            f"[budget_serve] serving {args.file} at {server.url} (bearer token required)", file=sys.stderr, flush=True
+        )
         while not stop.wait(0.5):
             pass
         server.close()

@@ -48,29 +48,55 @@ from .core.errors import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.budget_sidecar", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.budget_sidecar",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--provider", required=True, choices=PROVIDERS)
-    p.add_argument("--out", type=Path, default=Path("budget.json"),
-                   help="budget.json to keep up to date (the trainer's and watchdog's --budget-curr-cost-uri)")
-    p.add_argument("--interval-min", type=float, default=5.0, help="minutes between polls (fractions allowed; "
-                   "tell the trainer with --budget-sidecar-interval-min, which judges staleness by it)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("budget.json"),
+        help="budget.json to keep up to date (the trainer's and watchdog's --budget-curr-cost-uri)",
+    )
+    p.add_argument(
+        "--interval-min",
+        type=float,
+        default=5.0,
+        help="minutes between polls (fractions allowed; "
+        "tell the trainer with --budget-sidecar-interval-min, which judges staleness by it)",
+    )
     p.add_argument("--rate-usd-per-hr", type=float, default=None, help="hourly rate (required for clock)")
-    p.add_argument("--started-utc", default=None,
-                   help="when billing started (ISO time, or 'now'); default: the provider's uptime, else boot time")
+    p.add_argument(
+        "--started-utc",
+        default=None,
+        help="when billing started (ISO time, or 'now'); default: the provider's uptime, else boot time",
+    )
     p.add_argument("--planned-hours", type=float, default=24.0, help="run length for projected_total_usd")
     p.add_argument("--disk-usd", type=float, default=2.0, help="the persistent disk line (default: the lab's $2)")
     p.add_argument("--egress-usd", type=float, default=1.0, help="the data egress line (default: the lab's $1)")
-    old_spelling(p, "--base-url", p.add_argument(
-        "--provider-base-url", default=None,
-        help="provider API base URL (default: the provider's; the watchdog's --provider-base-url; was --base-url)"))
-    p.add_argument("--api-key-env", default=None, help="env var holding the API key "
-                   "(default: LAMBDA_API_KEY / RUNPOD_API_KEY)")
+    old_spelling(
+        p,
+        "--base-url",
+        p.add_argument(
+            "--provider-base-url",
+            default=None,
+            help="provider API base URL (default: the provider's; the watchdog's --provider-base-url; was --base-url)",
+        ),
+    )
+    p.add_argument(
+        "--api-key-env", default=None, help="env var holding the API key (default: LAMBDA_API_KEY / RUNPOD_API_KEY)"
+    )
     p.add_argument("--instance-id", default=None, help="Lambda instance to follow (default: the only running one)")
     p.add_argument("--pod-id", default=None, help="RunPod pod to follow (default: the only running one)")
-    p.add_argument("--nodes", type=int, default=1,
-                   help="machines of a multi-node job, identical and launched together: one sidecar (on the head "
-                        "node) bills them all, the rate and --disk-usd times N (default 1)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="machines of a multi-node job, identical and launched together: one sidecar (on the head "
+        "node) bills them all, the rate and --disk-usd times N (default 1)",
+    )
     p.add_argument("--once", action="store_true", help="poll once; exit 0 if budget.json was updated, else 1")
     p.add_argument("--timeout-s", type=float, default=20.0, help="total deadline of each HTTP request, seconds")
     return p
@@ -81,24 +107,41 @@ def make_source(args: argparse.Namespace, environ: Mapping[str, str]) -> ApiSour
         if args.rate_usd_per_hr is None:
             raise X1Error("--provider clock needs --rate-usd-per-hr R (the instance's price in USD per hour)")
         return ClockSource(args.rate_usd_per_hr)
-    wrong_id = "--pod-id" if args.provider == "lambda" and args.pod_id else (
-        "--instance-id" if args.provider == "runpod" and args.instance_id else None)
+    wrong_id = (
+        "--pod-id"
+        if args.provider == "lambda" and args.pod_id
+        else ("--instance-id" if args.provider == "runpod" and args.instance_id else None)
+    )
     if wrong_id:
-        raise X1Error(f"{wrong_id} does not apply to --provider {args.provider}; use "
-                      f"{'--instance-id' if args.provider == 'lambda' else '--pod-id'}")
+        raise X1Error(
+            f"{wrong_id} does not apply to --provider {args.provider}; use "
+            f"{'--instance-id' if args.provider == 'lambda' else '--pod-id'}"
+        )
     key_env = args.api_key_env or DEFAULT_KEY_ENV[args.provider]
     key = environ.get(key_env, "").strip()
     if not key:
-        raise X1Error(f"environment variable {key_env} is not set: export {key_env}=<your {args.provider} API key>"
-                      f", or name another variable with --api-key-env, or use --provider clock --rate-usd-per-hr R")
-    return ApiSource(args.provider, args.provider_base_url or DEFAULT_BASE_URL[args.provider], key, key_env,
-                     args.timeout_s, args.instance_id if args.provider == "lambda" else args.pod_id)
+        raise X1Error(
+            f"environment variable {key_env} is not set: export {key_env}=<your {args.provider} API key>"
+            f", or name another variable with --api-key-env, or use --provider clock --rate-usd-per-hr R"
+        )
+    return ApiSource(
+        args.provider,
+        args.provider_base_url or DEFAULT_BASE_URL[args.provider],
+        key,
+        key_env,
+        args.timeout_s,
+        args.instance_id if args.provider == "lambda" else args.pod_id,
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
     problems = []
-    for flag, value in (("--interval-min", args.interval_min), ("--timeout-s", args.timeout_s),
-                        ("--planned-hours", args.planned_hours), ("--rate-usd-per-hr", args.rate_usd_per_hr)):
+    for flag, value in (
+        ("--interval-min", args.interval_min),
+        ("--timeout-s", args.timeout_s),
+        ("--planned-hours", args.planned_hours),
+        ("--rate-usd-per-hr", args.rate_usd_per_hr),
+    ):
         if value is not None and not (math.isfinite(value) and value > 0):
             problems.append(f"{flag} must be a positive number, got {value}")
     for flag, value in (("--disk-usd", args.disk_usd), ("--egress-usd", args.egress_usd)):
@@ -124,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         lines = FixedLines(disk_usd=args.disk_usd * args.nodes, egress_usd=args.egress_usd)
         ask = BudgetAsk(args.provider, args.planned_hours, lines, args.started_utc)
         source = make_source(args, os.environ)
-        sidecar = Sidecar(source if args.nodes == 1 else NodesSource(source, args.nodes), args.out, ask,
-                          load_state(args.out))
+        sidecar = Sidecar(
+            source if args.nodes == 1 else NodesSource(source, args.nodes), args.out, ask, load_state(args.out)
+        )
         sidecar._say(f"{args.provider}: writing {args.out} (state in {args.out}.state)")
         if args.once:
             return EXIT_OK if sidecar.poll() else EXIT_UNEXPECTED
@@ -140,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             for s, handler in old.items():
                 signal.signal(s, handler)
 
-    with guarded_console():   # a closed terminal drops output, never the billing readings
+    with guarded_console():  # a closed terminal drops output, never the billing readings
         return guarded(body)
 
 

@@ -26,14 +26,24 @@ from .report.dod import EXIT_FAILED, load_manifest, notes, run_checks, table
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.dod", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.dod", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--run-dir", required=True, type=Path, help="the exported bundle (export_run --output)")
-    p.add_argument("--val-band", nargs=2, type=float, default=[3.20, 3.50], metavar=("LOW", "HIGH"),
-                   help="final val loss band (default: the lab's 3.20 3.50)")
+    p.add_argument(
+        "--val-band",
+        nargs=2,
+        type=float,
+        default=[3.20, 3.50],
+        metavar=("LOW", "HIGH"),
+        help="final val loss band (default: the lab's 3.20 3.50)",
+    )
     p.add_argument("--budget-cap-usd", type=float, default=35.0, help="the dollar cap (default: the lab's 35)")
-    p.add_argument("--termination-proof", metavar="NAME",
-                   help="the screenshot file (default: any termination*.png|jpg|jpeg|pdf in the run dir)")
+    p.add_argument(
+        "--termination-proof",
+        metavar="NAME",
+        help="the screenshot file (default: any termination*.png|jpg|jpeg|pdf in the run dir)",
+    )
     p.add_argument("--json", action="store_true", help="print the checks as JSON instead of a table")
     return p
 
@@ -42,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if not args.run_dir.is_dir():
-            raise X1Error(f"--run-dir {args.run_dir} is not a directory; export the run first: python -m "
-                          f"x1_pretrain.export_run --mlflow-uri URI --output {args.run_dir}")
+            raise X1Error(
+                f"--run-dir {args.run_dir} is not a directory; export the run first: python -m "
+                f"x1_pretrain.export_run --mlflow-uri URI --output {args.run_dir}"
+            )
         lo, hi = args.val_band
         if lo > hi:
             raise X1Error(f"--val-band {lo} {hi}: LOW must not exceed HIGH")
@@ -54,8 +66,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     ok = all(c.passed for c in checks)
     if args.json:
-        print(json.dumps({"run_dir": str(args.run_dir.resolve()), "passed": ok,
-                          "checks": [asdict(c) for c in checks], "notes": extra}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "run_dir": str(args.run_dir.resolve()),
+                    "passed": ok,
+                    "checks": [asdict(c) for c in checks],
+                    "notes": extra,
+                },
+                indent=1,
+            )
+        )
     else:
         print("\n".join([table(checks, args.run_dir), *(f"note: {n}" for n in extra)]))
     return 0 if ok else EXIT_FAILED

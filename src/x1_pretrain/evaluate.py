@@ -27,16 +27,21 @@ from .evals.sets import SETS, cache_dir, fetch_into, task_list
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.evaluate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--checkpoint", type=Path, help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file")
     p.add_argument("--tasks", default=",".join(SETS), help=f"comma-separated, among {', '.join(SETS)} (default: all)")
     p.add_argument("--limit", type=int, help="score only the first N items of each task (file order)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per forward (default 32)")
     p.add_argument("--output", type=Path, help="write the scores as JSON here")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
-                   help="auto: bf16 autocast on a GPU, fp32 on a CPU")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "fp32"),
+        default="auto",
+        help="auto: bf16 autocast on a GPU, fp32 on a CPU",
+    )
     p.add_argument("--config", type=Path, help="YAML config, when the checkpoint carries none")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--eval-data-dir", type=Path, help="a local copy of the sets: <task>.arrow files")
@@ -46,19 +51,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def results_json(scores: list[Any], src: Any, limit: int | None, hashes: dict[str, str]) -> dict[str, Any]:
-    return {"tasks": {s.task: {**s.to_json(), "limit": limit, "split": SETS[s.task].split} for s in scores},
-            "checkpoint": str(src.weights), "step": src.step,
-            "config_from": src.config_from, "limit": limit, "data_sha256": hashes,
-            "protocol": "zero-shot, lm-evaluation-harness 0.4 prompts and normalisation"}
+    return {
+        "tasks": {s.task: {**s.to_json(), "limit": limit, "split": SETS[s.task].split} for s in scores},
+        "checkpoint": str(src.weights),
+        "step": src.step,
+        "config_from": src.config_from,
+        "limit": limit,
+        "data_sha256": hashes,
+        "protocol": "zero-shot, lm-evaluation-harness 0.4 prompts and normalisation",
+    }
 
 
 def table(scores: list[Any]) -> str:
     lines = [f"{'task':<14} {'split':<10} {'n':>6} {'acc':>7} {'acc_norm':>9} {'chance':>7}"]
     for s in scores:
         norm = f"{s.acc_norm:.4f}" if s.acc_norm is not None else "—"
-        lines.append(f"{s.task:<14} {SETS[s.task].split:<10} {s.n:>6} {s.acc:>7.4f} {norm:>9} {s.chance:>7.4f}"
-                     + (f"  ({s.truncated} contexts cut to fit)" if s.truncated else "")
-                     + (f"  ({s.skipped} items skipped: an answer longer than model.seq_len)" if s.skipped else ""))
+        lines.append(
+            f"{s.task:<14} {SETS[s.task].split:<10} {s.n:>6} {s.acc:>7.4f} {norm:>9} {s.chance:>7.4f}"
+            + (f"  ({s.truncated} contexts cut to fit)" if s.truncated else "")
+            + (f"  ({s.skipped} items skipped: an answer longer than model.seq_len)" if s.skipped else "")
+        )
     return "\n".join(lines)
 
 
@@ -80,14 +92,16 @@ def run(args: argparse.Namespace) -> int:
             return 0
     if args.checkpoint is None:
         raise X1Error("--checkpoint is needed (a step dir, a checkpoint dir or a .safetensors file)")
-    src = resolve(args.checkpoint, args.config, args.set,
-                  warn=lambda m: print(f"[evaluate] warning: {m}", file=sys.stderr))
+    src = resolve(
+        args.checkpoint, args.config, args.set, warn=lambda m: print(f"[evaluate] warning: {m}", file=sys.stderr)
+    )
     device = pick_device(args.device)
     bf16 = args.precision == "bf16" or (args.precision == "auto" and device.type == "cuda")
     model = load_model(src, device)
     print(f"[evaluate] {src.describe()} on {device}, {'bf16' if bf16 else 'fp32'}", file=sys.stderr, flush=True)
-    scores, hashes = evaluate_model(model, load_gpt2(args.tokenizer_file).encode, tasks, args.limit,
-                                    args.batch_size, bf16, args.eval_data_dir)
+    scores, hashes = evaluate_model(
+        model, load_gpt2(args.tokenizer_file).encode, tasks, args.limit, args.batch_size, bf16, args.eval_data_dir
+    )
     print(table(scores))
     if args.output is not None:
         write_text_atomic(args.output, json.dumps(results_json(scores, src, args.limit, hashes), indent=2) + "\n")

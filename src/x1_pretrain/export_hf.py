@@ -25,19 +25,30 @@ from .report.hf_export import export, transformers_hint
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.export_hf", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, type=Path,
-                   help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file")
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.export_hf",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--checkpoint", required=True, type=Path, help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file"
+    )
     p.add_argument("--output", required=True, type=Path, help="folder to write (must not exist unless --overwrite)")
-    p.add_argument("--config", type=Path, help="YAML config, when the checkpoint carries none (e.g. a lone "
-                                                "final.safetensors)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a key of --config (repeatable)")
+    p.add_argument(
+        "--config", type=Path, help="YAML config, when the checkpoint carries none (e.g. a lone final.safetensors)"
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a key of --config (repeatable)",
+    )
     p.add_argument("--tokenizer-file", help="gpt2.tiktoken to build the tokenizer files from (default: the cache)")
     p.add_argument("--no-tokenizer", action="store_true", help="export the model only")
-    p.add_argument("--overwrite", action="store_true", help="replace --output if it exists (after the new one is "
-                                                             "complete)")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace --output if it exists (after the new one is complete)"
+    )
     return p
 
 
@@ -51,9 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         src = resolve(args.checkpoint, args.config, args.set, warn=lambda m: log(f"warning: {m}"))
         log(f"exporting {src.describe()}")
         record = export(src, args.output, args.tokenizer_file, not args.no_tokenizer, args.overwrite, log)
-        print(f"[export_hf] wrote {args.output}: {record['parameters']:,} parameters (fp32), tokenizer "
-              f"{'included' if record['tokenizer'].startswith('GPT-2') else 'MISSING'}; load it with "
-              f"transformers.AutoModelForCausalLM.from_pretrained({str(args.output)!r})")
+        print(
+            f"[export_hf] wrote {args.output}: {record['parameters']:,} parameters (fp32), tokenizer "
+            f"{'included' if record['tokenizer'].startswith('GPT-2') else 'MISSING'}; load it with "
+            f"transformers.AutoModelForCausalLM.from_pretrained({str(args.output)!r})"
+        )
         import torch
 
         hint = transformers_hint(torch.__version__)

@@ -21,23 +21,41 @@ from .report.runs import EXPERIMENT
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.export_run", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mlflow-uri", required=True,
-                   help="the store the trainer logged to (file:///…, sqlite:///…, http(s)://…; credentials in "
-                        "MLFLOW_TRACKING_USERNAME/PASSWORD, not the URL: the bundle shows it masked)")
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.export_run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--mlflow-uri",
+        required=True,
+        help="the store the trainer logged to (file:///…, sqlite:///…, http(s)://…; credentials in "
+        "MLFLOW_TRACKING_USERNAME/PASSWORD, not the URL: the bundle shows it masked)",
+    )
     p.add_argument("--output", required=True, type=Path, help="bundle directory (created; replaced with --overwrite)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--run-id", help="the MLflow run to export (default: the latest finished run)")
-    which.add_argument("--experiment", default=EXPERIMENT, help=f"experiment to take the latest finished run from "
-                                                                 f"(default {EXPERIMENT})")
+    which.add_argument(
+        "--experiment",
+        default=EXPERIMENT,
+        help=f"experiment to take the latest finished run from (default {EXPERIMENT})",
+    )
     p.add_argument("--ckpt-dir", type=Path, help="where the checkpoints are now, if not where the run's tags say")
-    old_spelling(p, "--budget-json", p.add_argument(
-        "--budget-curr-cost-uri", dest="curr_cost_uri",
-        help="the billing sidecar's final budget.json, as the trainer's flag of the same name (default: the run's, "
-             "else the snapshot in the final checkpoint; was --budget-json)"))
-    p.add_argument("--spent-usd", type=float, help="total dollars spent, for a run without a budget guard "
-                                                   "(e.g. the provider's invoice; 0 for a local run)")
+    old_spelling(
+        p,
+        "--budget-json",
+        p.add_argument(
+            "--budget-curr-cost-uri",
+            dest="curr_cost_uri",
+            help="the billing sidecar's final budget.json, as the trainer's flag of the same name (default: the run's, "
+            "else the snapshot in the final checkpoint; was --budget-json)",
+        ),
+    )
+    p.add_argument(
+        "--spent-usd",
+        type=float,
+        help="total dollars spent, for a run without a budget guard (e.g. the provider's invoice; 0 for a local run)",
+    )
     p.add_argument("--provider", help="cloud provider for the manifest (default: from budget.json when it says)")
     p.add_argument("--instance-type", help="instance type for the manifest, e.g. gpu_1x_a100_sxm4")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --output")

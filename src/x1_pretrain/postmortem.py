@@ -22,8 +22,11 @@ from .report.postmortem import NoSpike, write_postmortem
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.postmortem", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.postmortem",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--mlflow-uri", required=True, help="the store the trainer logged to")
     p.add_argument("--run-id", default=None, help="default: the latest finished run")
     p.add_argument("--experiment", default=EXPERIMENT)

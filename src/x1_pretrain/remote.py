@@ -34,26 +34,40 @@ from .core.remote_dir import RUN_ID_ENV, PullFailed, check_owner, given_run_id, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.remote", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.remote", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("push", help="upload a folder, its manifest last")
     up.add_argument("local", type=Path, help="the folder to upload")
     up.add_argument("url", help="s3://BUCKET/PREFIX to upload it under")
-    up.add_argument("--if-absent", action="store_true",
-                    help="leave a complete copy already there alone (tokens a run was trained on are never replaced)")
-    up.add_argument("--verify", action="store_true",
-                    help="then read the manifest back and head every object (size and sha256 against the local "
-                         "files); exit 1 naming what differs. For a folder nothing writes to (a run bundle)")
-    up.add_argument("--run-dir", type=Path, metavar="CKPT_DIR",
-                    help="the run this push belongs to: the run id in CKPT_DIR/x1-run.json (else $X1_RUN_ID). "
-                         "Inside a prefix a run owns (the nearest x1-run.json at or above URL) a push writes only "
-                         "as that run: another run's id, or none, is exit 2 and nothing is written")
+    up.add_argument(
+        "--if-absent",
+        action="store_true",
+        help="leave a complete copy already there alone (tokens a run was trained on are never replaced)",
+    )
+    up.add_argument(
+        "--verify",
+        action="store_true",
+        help="then read the manifest back and head every object (size and sha256 against the local "
+        "files); exit 1 naming what differs. For a folder nothing writes to (a run bundle)",
+    )
+    up.add_argument(
+        "--run-dir",
+        type=Path,
+        metavar="CKPT_DIR",
+        help="the run this push belongs to: the run id in CKPT_DIR/x1-run.json (else $X1_RUN_ID). "
+        "Inside a prefix a run owns (the nearest x1-run.json at or above URL) a push writes only "
+        "as that run: another run's id, or none, is exit 2 and nothing is written",
+    )
     down = sub.add_parser("pull", help="download a complete copy into an absent or empty folder")
     down.add_argument("url", help="s3://BUCKET/PREFIX a push wrote")
     down.add_argument("local", type=Path, help="the folder to create (absent or empty)")
-    down.add_argument("--if-present", action="store_true",
-                      help="exit 0 when the bucket holds no complete copy (a first run) instead of 2")
+    down.add_argument(
+        "--if-present",
+        action="store_true",
+        help="exit 0 when the bucket holds no complete copy (a first run) instead of 2",
+    )
     return p
 
 
@@ -71,8 +85,7 @@ def _verified(store: Store, local: Path) -> int:
     for line in missing:
         print(f"error: {line}", file=sys.stderr)
     if missing:
-        print(f"error: {store.url} does not hold all of {local} ({len(missing)} file(s)): push again",
-              file=sys.stderr)
+        print(f"error: {store.url} does not hold all of {local} ({len(missing)} file(s)): push again", file=sys.stderr)
         return EXIT_UNEXPECTED
     print(f"[remote] {store.url}: every file of {local} read back, sizes and sha256 match", flush=True)
     return 0
@@ -107,8 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.if_present:
                 print(f"[remote] {url} holds no complete copy (no {url}/x1-dir.json): nothing to pull")
                 return 0
-            raise X1Error(f"{url} holds no complete copy (no x1-dir.json: nothing was pushed there, or a push was "
-                          "cut short): push the folder first, or pass --if-present")
+            raise X1Error(
+                f"{url} holds no complete copy (no x1-dir.json: nothing was pushed there, or a push was "
+                "cut short): push the folder first, or pass --if-present"
+            )
         if got == "present":
             print(f"[remote] {args.local} already holds {url}")
         return 0

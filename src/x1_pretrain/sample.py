@@ -21,10 +21,12 @@ from .model.generate import Sampling, generate, pick_device
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.sample", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, type=Path,
-                   help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file")
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.sample", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--checkpoint", required=True, type=Path, help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file"
+    )
     p.add_argument("--prompt", default="", help="text to continue (empty: start a new document)")
     p.add_argument("--max-new-tokens", type=int, default=100)
     p.add_argument("--temperature", type=float, default=0.8, help="0 means greedy (default 0.8)")
@@ -61,25 +63,40 @@ def run(args: argparse.Namespace) -> int:
     from .report.ckpt_source import load_model, resolve
 
     _check(args)
-    src = resolve(args.checkpoint, args.config, args.set,
-                  warn=lambda m: print(f"[sample] warning: {m}", file=sys.stderr))
+    src = resolve(
+        args.checkpoint, args.config, args.set, warn=lambda m: print(f"[sample] warning: {m}", file=sys.stderr)
+    )
     tok = load_gpt2(args.tokenizer_file)
     device = pick_device(args.device)
     model = load_model(src, device)
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_id]
     too_big = [i for i in ids if i >= src.model.vocab_size]
     if too_big:
-        raise X1Error(f"--prompt: token id {too_big[0]} is outside this model's vocabulary "
-                      f"(model.vocab_size {src.model.vocab_size}); use a prompt the model can read")
+        raise X1Error(
+            f"--prompt: token id {too_big[0]} is outside this model's vocabulary "
+            f"(model.vocab_size {src.model.vocab_size}); use a prompt the model can read"
+        )
     temperature = 0.0 if args.greedy else args.temperature
-    print(f"[sample] {src.describe()} on {device}; "
-          + ("greedy" if temperature == 0 else f"temperature {temperature}, top-k {args.top_k or 'all'}, "
-             f"seed {args.seed}"), file=sys.stderr, flush=True)
+    print(
+        f"[sample] {src.describe()} on {device}; "
+        + (
+            "greedy"
+            if temperature == 0
+            else f"temperature {temperature}, top-k {args.top_k or 'all'}, seed {args.seed}"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
     generator = torch.Generator(device=device)
     generator.manual_seed(args.seed)
     for n in range(args.num_samples):
-        how = Sampling(args.max_new_tokens, temperature, args.top_k or None,
-                       None if args.ignore_eot else tok.eot_id, allowed_vocab=tok.vocab_size)
+        how = Sampling(
+            args.max_new_tokens,
+            temperature,
+            args.top_k or None,
+            None if args.ignore_eot else tok.eot_id,
+            allowed_vocab=tok.vocab_size,
+        )
         new = generate(model, ids, how, generator)
         if n:
             print("---")

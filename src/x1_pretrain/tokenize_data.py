@@ -25,8 +25,11 @@ from .data.pipeline import TokenizeJob, run, summary
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.tokenize_data", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.tokenize_data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--input-dir", required=True, help="directory searched recursively for shards")
     p.add_argument("--output-dir", required=True, help="where train.bin, val.bin and meta.json go")
     p.add_argument("--tokenizer", default="gpt2", choices=["gpt2"], help="only GPT-2 BPE (50,257 tokens)")
@@ -34,8 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.001, help="share of documents for val (default 0.001)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizer processes")
     p.add_argument("--text-column", default="text", help="parquet column / JSON key holding the text")
-    p.add_argument("--skip-bad-files", action="store_true",
-                   help="skip unreadable shards (listed in the log and meta.json) instead of failing")
+    p.add_argument(
+        "--skip-bad-files",
+        action="store_true",
+        help="skip unreadable shards (listed in the log and meta.json) instead of failing",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing complete output")
     p.add_argument("--log-every-s", type=float, default=15.0, help="seconds between log lines off a terminal")
     return p
@@ -43,8 +49,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    job = TokenizeJob(Path(args.input_dir), Path(args.output_dir), args.tokenizer_file, args.val_fraction,
-                      args.workers, args.text_column, args.skip_bad_files, args.overwrite, args.log_every_s)
+    job = TokenizeJob(
+        Path(args.input_dir),
+        Path(args.output_dir),
+        args.tokenizer_file,
+        args.val_fraction,
+        args.workers,
+        args.text_column,
+        args.skip_bad_files,
+        args.overwrite,
+        args.log_every_s,
+    )
 
     def log(msg: str) -> None:
         print(f"[tokenize] {msg}", file=sys.stderr, flush=True)

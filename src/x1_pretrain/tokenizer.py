@@ -22,8 +22,11 @@ from .data.tokenizer import fetch_into_cache, load_gpt2
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m x1_pretrain.tokenizer", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.tokenizer",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="fill the cache with gpt2.tiktoken (hash-checked)")
     f.add_argument("--dest", type=Path, default=None, help="where to write it (default: the cache)")

@@ -17,13 +17,13 @@ from .training.session import main_guarded
 
 def main(argv: list[str] | None = None) -> int:
     opts = options_from(build_parser().parse_args(argv))
-    with guarded_console():   # a closed terminal drops output (or sends it to $X1_LOG_FILE), never the run
+    with guarded_console():  # a closed terminal drops output (or sends it to $X1_LOG_FILE), never the run
         code, reason = main_guarded(opts)
-    first_of_node = os.environ.get("LOCAL_RANK", "0") == "0"   # rank 0, or another machine's first process
+    first_of_node = os.environ.get("LOCAL_RANK", "0") == "0"  # rank 0, or another machine's first process
     if first_of_node and not opts.dry_run_budget:
         try:  # for the watchdog: torchrun reports any failed worker as 1 (rank 0's code reaches every node)
             record_exit_status(opts.ckpt_dir if os.environ.get("RANK", "0") == "0" else None, code, reason)
-        except KeyboardInterrupt:   # a second Ctrl-C after the run already ended: its code stands
+        except KeyboardInterrupt:  # a second Ctrl-C after the run already ended: its code stands
             print(f"interrupted while recording exit {code}", file=sys.stderr)
     return code
 

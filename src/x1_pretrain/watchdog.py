@@ -47,24 +47,38 @@ from .training.options import budget_of_command
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m x1_pretrain.watchdog", description=__doc__,
-                                 usage="python -m x1_pretrain.watchdog [options] -- <train command>",
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=exit_code_help(True),
-                                 allow_abbrev=False)   # --detach is stripped by name before the relaunch
+    ap = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.watchdog",
+        description=__doc__,
+        usage="python -m x1_pretrain.watchdog [options] -- <train command>",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=exit_code_help(True),
+        allow_abbrev=False,
+    )  # --detach is stripped by name before the relaunch
     ap.add_argument("--max-restarts", type=int, default=20, help="relaunches before giving up (default 20)")
     ap.add_argument("--backoff-s", type=float, default=5.0, help="wait before a relaunch (doubles per crash)")
     ap.add_argument("--max-backoff-s", type=float, default=60.0, help="the longest wait (default 60)")
     ap.add_argument("--events-file", type=Path, help="append one JSON line per event (restarts, latency, the end)")
-    ap.add_argument("--log-file", type=Path, default=None,
-                    help="the text log: with --detach all output goes here; without, the output goes here from the "
-                         "moment the terminal closes (a FILE.jsonl is still taken as --events-file, deprecated)")
-    ap.add_argument("--detach", action="store_true",
-                    help="run in the background in its own session, output appended to --log-file; prints the pid "
-                         "and how to follow and stop the run, so closing the terminal does nothing at all")
+    ap.add_argument(
+        "--log-file",
+        type=Path,
+        default=None,
+        help="the text log: with --detach all output goes here; without, the output goes here from the "
+        "moment the terminal closes (a FILE.jsonl is still taken as --events-file, deprecated)",
+    )
+    ap.add_argument(
+        "--detach",
+        action="store_true",
+        help="run in the background in its own session, output appended to --log-file; prints the pid "
+        "and how to follow and stop the run, so closing the terminal does nothing at all",
+    )
     W.add_disk_flags(ap)
     b = ap.add_argument_group("budget, second line")
-    b.add_argument("--budget-cap-usd", type=float,
-                   help="default: the train command's (its --budget-cap-usd, else budget.cap_usd in its --config)")
+    b.add_argument(
+        "--budget-cap-usd",
+        type=float,
+        help="default: the train command's (its --budget-cap-usd, else budget.cap_usd in its --config)",
+    )
     b.add_argument("--budget-curr-cost-uri", help="default: the train command's --budget-curr-cost-uri")
     b.add_argument("--budget-poll-s", type=float, default=60.0, help="seconds between the watchdog's reads (60)")
     b.add_argument("--budget-kill-grace-s", type=float, default=10.0, help="SIGTERM to SIGKILL, seconds (10)")
@@ -74,24 +88,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options(args: argparse.Namespace, cmd: list[str]) -> W.WatchdogOptions:
     train_cap, train_source = budget_of_command(cmd)
-    cap = args.budget_cap_usd if args.budget_cap_usd is not None else (
-        train_cap if train_cap is not None else W.flag_of(cmd, "--budget-cap-usd"))   # another trainer: its flags
+    cap = (
+        args.budget_cap_usd
+        if args.budget_cap_usd is not None
+        else (train_cap if train_cap is not None else W.flag_of(cmd, "--budget-cap-usd"))
+    )  # another trainer: its flags
     source = args.budget_curr_cost_uri or train_source or W.flag_of(cmd, "--budget-curr-cost-uri")
     line = None
     if cap is not None and source:
         try:
-            line = W.BudgetLine(curr_cost_uri=source, cap_usd=float(cap), poll_s=args.budget_poll_s,
-                                kill_grace_s=args.budget_kill_grace_s)
+            line = W.BudgetLine(
+                curr_cost_uri=source,
+                cap_usd=float(cap),
+                poll_s=args.budget_poll_s,
+                kill_grace_s=args.budget_kill_grace_s,
+            )
         except ValueError:
             raise X1Error(f"--budget-cap-usd {cap!r} is not a number") from None
         if line.poll_s <= 0 or line.kill_grace_s < 0:
             raise X1Error("--budget-poll-s must be positive and --budget-kill-grace-s >= 0")
-    end = terminate.from_flags(args, W.flag_of(cmd, "--ckpt-remote"),
-                               W.flag_of(cmd, "--mlflow-uri") or default_mlflow_uri(W.ckpt_dir_of(cmd)))
-    return W.WatchdogOptions(max_restarts=args.max_restarts, backoff_s=args.backoff_s,
-                           max_backoff_s=args.max_backoff_s, events_file=args.events_file, log_file=args.log_file,
-                           budget_line=line, end_of_bill=end, alerter=alerts.from_env(),
-                           mlflow_uri=W.flag_of(cmd, "--mlflow-uri"), **W.disk_options(args))
+    end = terminate.from_flags(
+        args, W.flag_of(cmd, "--ckpt-remote"), W.flag_of(cmd, "--mlflow-uri") or default_mlflow_uri(W.ckpt_dir_of(cmd))
+    )
+    return W.WatchdogOptions(
+        max_restarts=args.max_restarts,
+        backoff_s=args.backoff_s,
+        max_backoff_s=args.max_backoff_s,
+        events_file=args.events_file,
+        log_file=args.log_file,
+        budget_line=line,
+        end_of_bill=end,
+        alerter=alerts.from_env(),
+        mlflow_uri=W.flag_of(cmd, "--mlflow-uri"),
+        **W.disk_options(args),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: put the train command after --", file=sys.stderr)
         return EXIT_USAGE
     cut = argv.index("--")
-    args, cmd = parser.parse_args(argv[:cut]), argv[cut + 1:]
+    args, cmd = parser.parse_args(argv[:cut]), argv[cut + 1 :]
     if not cmd:
         print("error: no train command after --", file=sys.stderr)
         return EXIT_USAGE
-    args.events_file, args.log_file = W.old_log_file(args.events_file, args.log_file)   # deprecated spelling
+    args.events_file, args.log_file = W.old_log_file(args.events_file, args.log_file)  # deprecated spelling
     try:
         if args.detach and args.log_file is None:
             raise X1Error("--detach needs --log-file FILE: the run's output goes there")

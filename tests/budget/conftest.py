@@ -51,7 +51,16 @@ def write_budget(path: Path, spent: float, projected: float, rate: float = 1.10,
     """A budget.json as the sidecar writes it; spent_usd is the whole bill (fixed_usd says what it carries)."""
     when = when or datetime.now(timezone.utc)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": rate, "hours_elapsed": spent / rate,
-                               "projected_total_usd": projected, "fixed_usd": {"disk_usd": 0.0, "egress_usd": 0.0},
-                               "last_update_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ")}))
+    tmp.write_text(
+        json.dumps(
+            {
+                "spent_usd": spent,
+                "rate_usd_per_hr": rate,
+                "hours_elapsed": spent / rate,
+                "projected_total_usd": projected,
+                "fixed_usd": {"disk_usd": 0.0, "egress_usd": 0.0},
+                "last_update_utc": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        )
+    )
     tmp.replace(path)

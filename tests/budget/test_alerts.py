@@ -83,30 +83,56 @@ def tls_files(tmp_path_factory) -> tuple[Path, Path, Path]:
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
-    ca = (x509.CertificateBuilder().subject_name(name("x1 test CA")).issuer_name(name("x1 test CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(ca_ski, critical=False)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("x1 test CA"))
+        .issuer_name(name("x1 test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ca_ski, critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder().subject_name(name("127.0.0.1")).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                                                        x509.DNSName("localhost")]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name("127.0.0.1"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     d = tmp_path_factory.mktemp("tls")
     (d / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     (d / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (d / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                  serialization.NoEncryption()))
+    (d / "key.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return d / "ca.pem", d / "cert.pem", d / "key.pem"
 
 
@@ -115,8 +141,9 @@ class Inbox:
         self.messages: list[tuple[str, list[str], bytes, bool]] = []
 
     async def handle_DATA(self, server, session, envelope) -> str:
-        self.messages.append((envelope.mail_from, list(envelope.rcpt_tos), envelope.original_content,
-                              session.ssl is not None))
+        self.messages.append(
+            (envelope.mail_from, list(envelope.rcpt_tos), envelope.original_content, session.ssl is not None)
+        )
         return "250 OK"
 
 
@@ -134,8 +161,12 @@ def smtp_server(request, tls_files) -> Iterator[tuple[Inbox, int]]:
     if getattr(request, "param", "plain") == "starttls":
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(tls_files[1], tls_files[2])
-        kwargs = {"tls_context": ctx, "require_starttls": True, "authenticator": check_password,
-                  "auth_require_tls": True}
+        kwargs = {
+            "tls_context": ctx,
+            "require_starttls": True,
+            "authenticator": check_password,
+            "auth_require_tls": True,
+        }
     controller = aiosmtpd_controller.Controller(inbox, hostname="127.0.0.1", port=port, **kwargs)
     controller.start()
     try:
@@ -145,8 +176,13 @@ def smtp_server(request, tls_files) -> Iterator[tuple[Inbox, int]]:
 
 
 def smtp_env(port: int, **extra: str) -> dict[str, str]:
-    return {"X1_SMTP_HOST": "127.0.0.1", "X1_SMTP_PORT": str(port), "X1_SMTP_FROM": "x1@example.org",
-            "X1_SMTP_TO": "ops@example.org, oncall@example.org", **extra}
+    return {
+        "X1_SMTP_HOST": "127.0.0.1",
+        "X1_SMTP_PORT": str(port),
+        "X1_SMTP_FROM": "x1@example.org",
+        "X1_SMTP_TO": "ops@example.org, oncall@example.org",
+        **extra,
+    }
 
 
 def parse(raw: bytes):
@@ -241,8 +277,10 @@ def test_plain_email_when_starttls_is_off(smtp_server):
 
 def test_closed_ports_return_errors_and_do_not_raise(capsys):
     port = free_port()  # nothing listens here
-    env = {"X1_SLACK_WEBHOOK_URL": f"http://127.0.0.1:{port}/services/{WEBHOOK_SECRET}",
-           **smtp_env(port, X1_SMTP_USER="x1bot", X1_SMTP_PASSWORD=PASSWORD)}
+    env = {
+        "X1_SLACK_WEBHOOK_URL": f"http://127.0.0.1:{port}/services/{WEBHOOK_SECRET}",
+        **smtp_env(port, X1_SMTP_USER="x1bot", X1_SMTP_PASSWORD=PASSWORD),
+    }
     a = alerts.from_env(env)
     assert a.channels() == ["slack", "email"]
     result = a.send("s", "b")
@@ -256,18 +294,23 @@ def test_closed_ports_return_errors_and_do_not_raise(capsys):
 
 def test_one_failing_channel_does_not_stop_the_other(smtp_server):
     inbox, port = smtp_server
-    env = {"X1_SLACK_WEBHOOK_URL": f"http://127.0.0.1:{free_port()}/services/{WEBHOOK_SECRET}",
-           **smtp_env(port, X1_SMTP_STARTTLS="false")}
+    env = {
+        "X1_SLACK_WEBHOOK_URL": f"http://127.0.0.1:{free_port()}/services/{WEBHOOK_SECRET}",
+        **smtp_env(port, X1_SMTP_STARTTLS="false"),
+    }
     result = alerts.from_env(env).send("s", "b")
     assert result["slack"] is not None and result["email"] is None
     assert len(inbox.messages) == 1
 
 
-@pytest.mark.parametrize(("extra", "needle"), [
-    ({"X1_SMTP_TO": ""}, "X1_SMTP_TO"),
-    ({"X1_SMTP_PORT": "smtp"}, "X1_SMTP_PORT"),
-    ({"X1_SMTP_STARTTLS": "maybe"}, "X1_SMTP_STARTTLS"),
-])
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"X1_SMTP_TO": ""}, "X1_SMTP_TO"),
+        ({"X1_SMTP_PORT": "smtp"}, "X1_SMTP_PORT"),
+        ({"X1_SMTP_STARTTLS": "maybe"}, "X1_SMTP_STARTTLS"),
+    ],
+)
 def test_misconfigured_email_is_listed_and_explains_itself(extra, needle, capsys):
     a = alerts.from_env({**smtp_env(free_port()), **extra})
     assert a.channels() == ["email"]

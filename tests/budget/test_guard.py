@@ -17,27 +17,51 @@ LIMITS = Limits(cap_usd=35.0, alert_usd=30.0, sidecar_interval_min=5, stale_afte
 
 
 def snap(spent=14.2, rate=1.10, hours=12.9, projected=28.4, age_min=1.0, **extra):
-    data = {"spent_usd": spent, "rate_usd_per_hr": rate, "hours_elapsed": hours, "projected_total_usd": projected,
-            "last_update_utc": (NOW - timedelta(minutes=age_min)).strftime("%Y-%m-%dT%H:%M:%SZ"), **extra}
+    data = {
+        "spent_usd": spent,
+        "rate_usd_per_hr": rate,
+        "hours_elapsed": hours,
+        "projected_total_usd": projected,
+        "last_update_utc": (NOW - timedelta(minutes=age_min)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **extra,
+    }
     return parse(data)
 
 
 SLOW = Progress(steps_done=1000, total_steps=2000, steps_per_hour=None)
 
 
-@pytest.mark.parametrize("name,reading,progress,action,spent", [
-    ("lab example: fine", snap(), SLOW, Action.CONTINUE, 14.2),
-    ("above the alert line", snap(spent=30.5, projected=33.0), SLOW, Action.ALERT, 30.5),
-    ("sidecar projects over the cap", snap(spent=20.0, projected=35.5), SLOW, Action.CHECKPOINT_AND_EXIT, 20.0),
-    ("spent over the cap", snap(spent=35.01, projected=36.0), SLOW, Action.EXIT_NOW, 35.01),
-    ("exit-now wins over the rest", snap(spent=40.0, projected=50.0), SLOW, Action.EXIT_NOW, 40.0),
-    ("own projection over the cap: 1000 steps left at 50/h = 20 h x $1.10 + $20",
-     snap(spent=20.0, projected=25.0), Progress(1000, 2000, 50.0), Action.CHECKPOINT_AND_EXIT, 20.0),
-    ("own projection fits: 1000 steps at 1000/h", snap(spent=20.0, projected=25.0), Progress(1000, 2000, 1000.0),
-     Action.CONTINUE, 20.0),
-    ("final checkpoint time counts", snap(spent=33.0, projected=33.0, rate=1.0),
-     Progress(2000, 2000, 10.0, final_checkpoint_s=3 * 3600), Action.CHECKPOINT_AND_EXIT, 33.0),
-])
+@pytest.mark.parametrize(
+    "name,reading,progress,action,spent",
+    [
+        ("lab example: fine", snap(), SLOW, Action.CONTINUE, 14.2),
+        ("above the alert line", snap(spent=30.5, projected=33.0), SLOW, Action.ALERT, 30.5),
+        ("sidecar projects over the cap", snap(spent=20.0, projected=35.5), SLOW, Action.CHECKPOINT_AND_EXIT, 20.0),
+        ("spent over the cap", snap(spent=35.01, projected=36.0), SLOW, Action.EXIT_NOW, 35.01),
+        ("exit-now wins over the rest", snap(spent=40.0, projected=50.0), SLOW, Action.EXIT_NOW, 40.0),
+        (
+            "own projection over the cap: 1000 steps left at 50/h = 20 h x $1.10 + $20",
+            snap(spent=20.0, projected=25.0),
+            Progress(1000, 2000, 50.0),
+            Action.CHECKPOINT_AND_EXIT,
+            20.0,
+        ),
+        (
+            "own projection fits: 1000 steps at 1000/h",
+            snap(spent=20.0, projected=25.0),
+            Progress(1000, 2000, 1000.0),
+            Action.CONTINUE,
+            20.0,
+        ),
+        (
+            "final checkpoint time counts",
+            snap(spent=33.0, projected=33.0, rate=1.0),
+            Progress(2000, 2000, 10.0, final_checkpoint_s=3 * 3600),
+            Action.CHECKPOINT_AND_EXIT,
+            33.0,
+        ),
+    ],
+)
 def test_rules(name, reading, progress, action, spent):
     decision, _ = decide(reading, LIMITS, NOW, progress, Memory())
     assert decision.action == action, name
@@ -62,28 +86,81 @@ def test_alert_fires_once_per_crossing():
     assert d2.action == Action.CONTINUE and d2.alerts == ()
 
 
-@pytest.mark.parametrize("bad,needle", [
-    (Reading(None, "x does not exist (is the budget sidecar running?)"), "does not exist"),
-    (parse({"spent_usd": 1}), "lacks rate_usd_per_hr"),
-    (parse([]), "not a JSON object"),
-    (parse({"spent_usd": -1, "rate_usd_per_hr": 1, "hours_elapsed": 1, "projected_total_usd": 1,
-            "last_update_utc": "2026-05-23T15:00:00Z"}), "negative"),
-    (parse({"spent_usd": math.nan, "rate_usd_per_hr": 1, "hours_elapsed": 1, "projected_total_usd": 1,
-            "last_update_utc": "2026-05-23T15:00:00Z"}), "not a finite number"),
-    (parse({"spent_usd": math.inf, "rate_usd_per_hr": 1, "hours_elapsed": 1, "projected_total_usd": 1,
-            "last_update_utc": "2026-05-23T15:00:00Z"}), "not a finite number"),
-    (parse({"spent_usd": "12", "rate_usd_per_hr": 1, "hours_elapsed": 1, "projected_total_usd": 1,
-            "last_update_utc": "2026-05-23T15:00:00Z"}), "not a number"),
-    (parse({"spent_usd": 1, "rate_usd_per_hr": 1, "hours_elapsed": 1, "projected_total_usd": 1,
-            "last_update_utc": "yesterday"}), "not an ISO-8601 time"),
-])
+@pytest.mark.parametrize(
+    "bad,needle",
+    [
+        (Reading(None, "x does not exist (is the budget sidecar running?)"), "does not exist"),
+        (parse({"spent_usd": 1}), "lacks rate_usd_per_hr"),
+        (parse([]), "not a JSON object"),
+        (
+            parse(
+                {
+                    "spent_usd": -1,
+                    "rate_usd_per_hr": 1,
+                    "hours_elapsed": 1,
+                    "projected_total_usd": 1,
+                    "last_update_utc": "2026-05-23T15:00:00Z",
+                }
+            ),
+            "negative",
+        ),
+        (
+            parse(
+                {
+                    "spent_usd": math.nan,
+                    "rate_usd_per_hr": 1,
+                    "hours_elapsed": 1,
+                    "projected_total_usd": 1,
+                    "last_update_utc": "2026-05-23T15:00:00Z",
+                }
+            ),
+            "not a finite number",
+        ),
+        (
+            parse(
+                {
+                    "spent_usd": math.inf,
+                    "rate_usd_per_hr": 1,
+                    "hours_elapsed": 1,
+                    "projected_total_usd": 1,
+                    "last_update_utc": "2026-05-23T15:00:00Z",
+                }
+            ),
+            "not a finite number",
+        ),
+        (
+            parse(
+                {
+                    "spent_usd": "12",
+                    "rate_usd_per_hr": 1,
+                    "hours_elapsed": 1,
+                    "projected_total_usd": 1,
+                    "last_update_utc": "2026-05-23T15:00:00Z",
+                }
+            ),
+            "not a number",
+        ),
+        (
+            parse(
+                {
+                    "spent_usd": 1,
+                    "rate_usd_per_hr": 1,
+                    "hours_elapsed": 1,
+                    "projected_total_usd": 1,
+                    "last_update_utc": "yesterday",
+                }
+            ),
+            "not an ISO-8601 time",
+        ),
+    ],
+)
 def test_faults_extrapolate_the_last_good_reading_and_alert_once(bad, needle):
     _, mem = decide(snap(spent=10.0, rate=2.0, age_min=0), LIMITS, NOW, SLOW, Memory())
     later = NOW + timedelta(minutes=30)
     d1, mem = decide(bad, LIMITS, later, SLOW, mem)
     d2, mem = decide(bad, LIMITS, later, SLOW, mem)
     assert d1.action == Action.ALERT and needle in d1.warnings[0]
-    assert d1.spent_usd == pytest.approx(10.0 + 2.0 * 0.5)     # extrapolated at the last rate
+    assert d1.spent_usd == pytest.approx(10.0 + 2.0 * 0.5)  # extrapolated at the last rate
     assert d2.action == Action.CONTINUE and d2.alerts == () and d2.warnings  # still warned, not re-alerted
 
 
@@ -99,7 +176,7 @@ def test_stale_reading_is_extrapolated_and_alerted_once():
     assert d1.spent_usd == pytest.approx(10.0 + 1.2 * 20 / 60)
     d2, mem = decide(snap(spent=10.0, rate=1.2, age_min=25), LIMITS, NOW, SLOW, mem)
     assert d2.action == Action.CONTINUE
-    d3, mem = decide(snap(spent=11.0, age_min=1), LIMITS, NOW, SLOW, mem)   # fresh again: re-armed
+    d3, mem = decide(snap(spent=11.0, age_min=1), LIMITS, NOW, SLOW, mem)  # fresh again: re-armed
     d4, mem = decide(snap(spent=11.0, age_min=20), LIMITS, NOW, SLOW, mem)
     assert d3.action == Action.CONTINUE and d4.action == Action.ALERT
 
@@ -127,8 +204,17 @@ def test_read_source_variants(tmp_path):
     assert "does not exist" in read_source(str(p)).problem
     p.write_text("{not json")
     assert "not valid JSON" in read_source(p.as_uri()).problem
-    p.write_text(json.dumps({"spent_usd": 1.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 1, "projected_total_usd": 2,
-                             "last_update_utc": "2026-05-23T15:42:01Z"}))
+    p.write_text(
+        json.dumps(
+            {
+                "spent_usd": 1.0,
+                "rate_usd_per_hr": 1.1,
+                "hours_elapsed": 1,
+                "projected_total_usd": 2,
+                "last_update_utc": "2026-05-23T15:42:01Z",
+            }
+        )
+    )
     r = read_source(str(p))
     assert r.problem is None and r.snapshot.rate_usd_per_hr == 1.1
     assert r.snapshot.last_update_utc == datetime(2026, 5, 23, 15, 42, 1, tzinfo=timezone.utc)
@@ -141,14 +227,22 @@ def _at(minutes: float):
 
 def snap_at(minutes: float, spent: float, rate: float = 1.10, projected: float | None = None, **extra):
     t = _at(minutes).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return parse({"spent_usd": spent, "rate_usd_per_hr": rate, "hours_elapsed": 1.0,
-                  "projected_total_usd": spent if projected is None else projected, "last_update_utc": t, **extra})
+    return parse(
+        {
+            "spent_usd": spent,
+            "rate_usd_per_hr": rate,
+            "hours_elapsed": 1.0,
+            "projected_total_usd": spent if projected is None else projected,
+            "last_update_utc": t,
+            **extra,
+        }
+    )
 
 
 def test_a_falling_reading_is_a_warning_and_an_alert_never_a_lower_spend():
     _, mem = decide(snap_at(0, 34.0), LIMITS, _at(0), SLOW, Memory())
-    d2, mem = decide(snap_at(5, 2.0), LIMITS, _at(5), SLOW, mem)      # a sidecar restarted from zero
-    assert d2.spent_usd == pytest.approx(34.0 + 1.10 * 5 / 60)       # the ledger's spend, aged
+    d2, mem = decide(snap_at(5, 2.0), LIMITS, _at(5), SLOW, mem)  # a sidecar restarted from zero
+    assert d2.spent_usd == pytest.approx(34.0 + 1.10 * 5 / 60)  # the ledger's spend, aged
     assert d2.action == Action.ALERT and "below" in d2.alerts[0] and any("keeping" in w for w in d2.warnings)
     d3, mem = decide(snap_at(10, 2.1), LIMITS, _at(10), SLOW, mem)
     assert d3.alerts == () and d3.spent_usd == pytest.approx(34.0 + 1.10 * 10 / 60)  # alerted once, still kept
@@ -181,8 +275,16 @@ def test_a_rate_far_from_the_launch_rate_and_an_impossible_jump_are_flagged():
 
 
 def test_spend_is_non_decreasing_over_any_sequence_of_readings():
-    readings = [snap_at(0, 3.0), snap_at(5, 3.1), Reading(None, "timeout"), snap_at(15, 1.0), snap_at(20, 3.4),
-                snap_at(25, 3.45, rate=0.0), snap_at(-30, 2.0), snap_at(40, 3.9)]
+    readings = [
+        snap_at(0, 3.0),
+        snap_at(5, 3.1),
+        Reading(None, "timeout"),
+        snap_at(15, 1.0),
+        snap_at(20, 3.4),
+        snap_at(25, 3.45, rate=0.0),
+        snap_at(-30, 2.0),
+        snap_at(40, 3.9),
+    ]
     mem, seen = Memory(), []
     for i, r in enumerate(readings):
         d, mem = decide(r, LIMITS, _at(5 * i), SLOW, mem)
@@ -197,15 +299,16 @@ def test_the_unknown_grace_is_counted_across_processes_through_the_ledger():
     mem, actions = Memory(), []
     for minutes in (0, 20, 40, 61):
         d, mem = decide(missing, LIMITS, _at(minutes), SLOW, mem)
-        mem = memory_from_json(memory_to_json(mem))   # what the next process reads back
+        mem = memory_from_json(memory_to_json(mem))  # what the next process reads back
         actions.append(d.action)
     assert actions[-1] == Action.CHECKPOINT_AND_EXIT and Action.CHECKPOINT_AND_EXIT not in actions[:-1]
     assert "alert" in {a.value for a in actions[:1]}
 
 
 def test_the_memory_round_trips_through_json_exactly():
-    _, mem = decide(snap_at(0, 31.0, rate=1.2, fixed_usd={"disk_usd": 2.0, "egress_usd": 1.0}), LIMITS, _at(0),
-                    SLOW, Memory())
+    _, mem = decide(
+        snap_at(0, 31.0, rate=1.2, fixed_usd={"disk_usd": 2.0, "egress_usd": 1.0}), LIMITS, _at(0), SLOW, Memory()
+    )
     back = memory_from_json(json.loads(json.dumps(memory_to_json(mem))))
     assert back == mem and back.last_good.fixed_usd == 3.0 and "alert_line" in back.alerted
 
@@ -213,17 +316,26 @@ def test_the_memory_round_trips_through_json_exactly():
 def test_fixed_lines_are_added_to_projections_only_when_the_reading_lacks_them():
     prog = Progress(1000, 2000, 500.0)
     old, _ = decide(snap(spent=20.0, projected=20.0), LIMITS, NOW, prog, Memory())
-    new, _ = decide(snap(spent=23.0, projected=23.0, fixed_usd={"disk_usd": 2.0, "egress_usd": 1.0}), LIMITS, NOW,
-                    prog, Memory())
+    new, _ = decide(
+        snap(spent=23.0, projected=23.0, fixed_usd={"disk_usd": 2.0, "egress_usd": 1.0}), LIMITS, NOW, prog, Memory()
+    )
     assert new.own_projection_usd == pytest.approx(old.own_projection_usd)
 
 
 def _on(machine, spent, at=NOW, projected=None):
     """machine's budget.json read at ``at``, written a minute before; $3 of fixed lines in its spent_usd."""
-    return parse({"spent_usd": spent, "rate_usd_per_hr": 1.10, "hours_elapsed": 1.0,
-                  "projected_total_usd": projected if projected is not None else spent + 5,
-                  "last_update_utc": (at - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                  "provider": "runpod", "resource_id": machine, "fixed_usd": {"disk_usd": 2.0, "egress_usd": 1.0}})
+    return parse(
+        {
+            "spent_usd": spent,
+            "rate_usd_per_hr": 1.10,
+            "hours_elapsed": 1.0,
+            "projected_total_usd": projected if projected is not None else spent + 5,
+            "last_update_utc": (at - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "provider": "runpod",
+            "resource_id": machine,
+            "fixed_usd": {"disk_usd": 2.0, "egress_usd": 1.0},
+        }
+    )
 
 
 def test_spend_across_two_machines_is_their_sum_with_the_fixed_lines_once():
@@ -237,7 +349,7 @@ def test_spend_across_two_machines_is_their_sum_with_the_fixed_lines_once():
     later = NOW + timedelta(hours=1)
     d, mem = decide(_on("pod-b", 4.0, later), LIMITS, later, SLOW, mem)
     a_compute = 23.0 + 1.10 / 60 - 3.0
-    assert d.spent_usd == pytest.approx(a_compute + 4.0 + 1.10 / 60, abs=1e-4)   # bills kept to 1e-4 dollars
+    assert d.spent_usd == pytest.approx(a_compute + 4.0 + 1.10 / 60, abs=1e-4)  # bills kept to 1e-4 dollars
     assert mem.machine == "runpod:pod-b" and mem.machines == (("runpod:pod-a", round(a_compute, 4)),)
     assert any("another machine" in w for w in d.warnings)
     # the cap holds for the sum: B alone ($14 + $3) is far below $35, A + B is above
@@ -256,7 +368,7 @@ def test_after_a_move_the_guard_projects_from_the_steps_left_not_the_sidecars_pl
     spent = (13.0 + 1.10 / 60 - 3.0) + 5.0 + 1.10 / 60
     assert d.file_projection_usd is None and d.action == Action.CONTINUE
     assert d.projected_usd == pytest.approx(spent + 1.10 * (2 + DEFAULT_RESERVE_MIN / 60), abs=0.01)
-    d, _ = decide(_on("pod-b", 5.0, at), LIMITS, at, Progress(1000, 2000, 50.0), mem)   # 20 h left: over
+    d, _ = decide(_on("pod-b", 5.0, at), LIMITS, at, Progress(1000, 2000, 50.0), mem)  # 20 h left: over
     assert d.action == Action.CHECKPOINT_AND_EXIT
     back = memory_from_json(memory_to_json(mem))
     assert (back.machine, back.earlier_usd, back.machines) == (mem.machine, mem.earlier_usd, mem.machines)

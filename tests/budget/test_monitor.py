@@ -45,18 +45,41 @@ def run_trainer(demo_data, tmp_path, spend, projected, steps=40, extra=()):
     ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
     sidecar = SpendingSidecar(budget, ckpt, spend, projected)
     try:
-        code = train.main(["--config", str(TINY), "--data-dir", str(demo_data), "--ckpt-dir", str(ckpt),
-                           "--total-steps", str(steps), "--log-every", "1", "--ckpt-every", "1000", *FAST,
-                           "--budget-cap-usd", "35.0", "--budget-curr-cost-uri", str(budget),
-                           "--budget-check-every-min", "0.0001", "--budget-expected-step-s", "0.5", *extra])
+        code = train.main(
+            [
+                "--config",
+                str(TINY),
+                "--data-dir",
+                str(demo_data),
+                "--ckpt-dir",
+                str(ckpt),
+                "--total-steps",
+                str(steps),
+                "--log-every",
+                "1",
+                "--ckpt-every",
+                "1000",
+                *FAST,
+                "--budget-cap-usd",
+                "35.0",
+                "--budget-curr-cost-uri",
+                str(budget),
+                "--budget-check-every-min",
+                "0.0001",
+                "--budget-expected-step-s",
+                "0.5",
+                *extra,
+            ]
+        )
     finally:
         sidecar.close()
     return code, ckpt
 
 
 def test_alerts_once_past_the_alert_line_and_carries_on(demo_data, tmp_path, webhook, capsys):
-    code, ckpt = run_trainer(demo_data, tmp_path, spend=lambda s: 25.0 + 0.4 * s, projected=lambda s: 34.0, steps=20,
-                             extra=SMALL_BATCH)
+    code, ckpt = run_trainer(
+        demo_data, tmp_path, spend=lambda s: 25.0 + 0.4 * s, projected=lambda s: 34.0, steps=20, extra=SMALL_BATCH
+    )
     assert code == 0
     budget_alerts = [p for p in webhook.posts if "alert line" in p["text"]]
     assert len(budget_alerts) == 1, webhook.posts
@@ -86,10 +109,26 @@ def test_spend_over_the_cap_exits_4_without_a_checkpoint(demo_data, tmp_path, we
     ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
     sidecar = SpendingSidecar(budget, ckpt, lambda s: 30.0 if s < 6 else 36.0, lambda s: 34.9)
     try:
-        r = subprocess.run(train_cmd(demo_data, ckpt, 400, "--budget-cap-usd", "35.0", "--budget-curr-cost-uri",
-                                     str(budget), "--budget-check-every-min", "0.002", "--budget-expected-step-s",
-                                     "0.5", "--force-launch", *SMALL_BATCH),
-                           capture_output=True, text=True, timeout=300)
+        r = subprocess.run(
+            train_cmd(
+                demo_data,
+                ckpt,
+                400,
+                "--budget-cap-usd",
+                "35.0",
+                "--budget-curr-cost-uri",
+                str(budget),
+                "--budget-check-every-min",
+                "0.002",
+                "--budget-expected-step-s",
+                "0.5",
+                "--force-launch",
+                *SMALL_BATCH,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         sidecar.close()
     assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-2000:]
@@ -103,6 +142,8 @@ def test_budget_flag_errors_are_usage_errors(tmp_path, capsys):
     base = ["--config", str(TINY), "--data-dir", str(tmp_path)]
     assert train.main([*base, "--budget-cap-usd", "35"]) == 2
     assert "needs --budget-curr-cost-uri" in capsys.readouterr().err
-    assert train.main([*base, "--budget-cap-usd", "35", "--budget-alert-usd", "40",
-                       "--budget-curr-cost-uri", "b.json"]) == 2
+    assert (
+        train.main([*base, "--budget-cap-usd", "35", "--budget-alert-usd", "40", "--budget-curr-cost-uri", "b.json"])
+        == 2
+    )
     assert "budget.alert_usd: 40.0 must be below budget.cap_usd 35.0" in capsys.readouterr().err

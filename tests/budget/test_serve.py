@@ -22,8 +22,13 @@ from ..s3server import free_port
 from ..servers import wait_until
 
 TOKEN = "tok-" + "9" * 28
-READING = {"spent_usd": 3.5, "rate_usd_per_hr": 1.1, "hours_elapsed": 2, "projected_total_usd": 20.0,
-           "last_update_utc": "2026-05-23T15:42:01Z"}
+READING = {
+    "spent_usd": 3.5,
+    "rate_usd_per_hr": 1.1,
+    "hours_elapsed": 2,
+    "projected_total_usd": 20.0,
+    "last_update_utc": "2026-05-23T15:42:01Z",
+}
 
 
 def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
@@ -54,8 +59,8 @@ def test_no_token_or_a_wrong_one_is_401_the_right_one_gets_the_reading(served):
     assert code == 200 and json.loads(body) == READING
     base = server.url.rsplit("/", 1)[0]
     assert _get(base + "/", TOKEN)[0] == 404 and _get(base + "/../budget.json.bak", TOKEN)[0] == 404
-    assert _get(base + "/other.json")[0] == 401   # nothing is said to a stranger, not even what exists
-    path.write_text(json.dumps({**READING, "spent_usd": 4.0}))   # read again for every request
+    assert _get(base + "/other.json")[0] == 401  # nothing is said to a stranger, not even what exists
+    path.write_text(json.dumps({**READING, "spent_usd": 4.0}))  # read again for every request
     assert json.loads(_get(server.url, TOKEN)[1])["spent_usd"] == 4.0
     path.unlink()
     assert _get(server.url, TOKEN)[0] == 503
@@ -97,14 +102,24 @@ def test_the_command_serves_until_sigterm_and_needs_a_token(tmp_path):
     path = tmp_path / "budget.json"
     path.write_text(json.dumps(READING))
     port = free_port()
-    cmd = [sys.executable, "-m", "x1_pretrain.budget_serve", "--file", str(path), "--bind", "127.0.0.1",
-           "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.budget_serve",
+        "--file",
+        str(path),
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     env = {k: v for k, v in os.environ.items() if k not in (serve.TOKEN_ENV, serve.TOKEN_FILE_ENV)}
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "at least 16" in r.stderr and "Traceback" not in r.stderr
     (tmp_path / "token").write_text(TOKEN)
-    proc = subprocess.Popen([*cmd, "--token-file", str(tmp_path / "token")], cwd=REPO, env=env,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*cmd, "--token-file", str(tmp_path / "token")], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         url = f"http://127.0.0.1:{port}/budget.json"
         assert wait_until(lambda: proc.poll() is not None or _answers(url), timeout=30)

@@ -29,15 +29,36 @@ T0 = datetime(2026, 5, 23, 3, 0, 0, tzinfo=timezone.utc)
 
 
 def lambda_body(*instances: tuple[str, str, int]) -> dict:
-    return {"data": [{"id": i, "status": s, "name": "x1", "instance_type": {"name": "gpu_1x_a100_sxm4",
-                                                                             "price_cents_per_hour": c}}
-                     for i, s, c in instances]}
+    return {
+        "data": [
+            {
+                "id": i,
+                "status": s,
+                "name": "x1",
+                "instance_type": {"name": "gpu_1x_a100_sxm4", "price_cents_per_hour": c},
+            }
+            for i, s, c in instances
+        ]
+    }
 
 
 def runpod_body(*pods: tuple[str, str, float, float | None]) -> dict:
-    return {"data": {"myself": {"pods": [
-        {"id": i, "name": "x1", "costPerHr": c, "desiredStatus": s,
-         "runtime": None if up is None else {"uptimeInSeconds": up}} for i, s, c, up in pods]}}}
+    return {
+        "data": {
+            "myself": {
+                "pods": [
+                    {
+                        "id": i,
+                        "name": "x1",
+                        "costPerHr": c,
+                        "desiredStatus": s,
+                        "runtime": None if up is None else {"uptimeInSeconds": up},
+                    }
+                    for i, s, c, up in pods
+                ]
+            }
+        }
+    }
 
 
 LAMBDA_OK = lambda_body(("inst-a", "active", 110), ("inst-old", "terminated", 200))
@@ -67,8 +88,7 @@ def cloud() -> Iterator[tuple[Cloud, str]]:
     class Handler(BaseHTTPRequestHandler):
         def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
-            state.requests.append((self.command, self.path, self.headers.get("Authorization"),
-                                   self.rfile.read(length)))
+            state.requests.append((self.command, self.path, self.headers.get("Authorization"), self.rfile.read(length)))
             status, raw, delay = state.replies.get(self.path, (404, b'{"error": "not found"}', 0.0))
             if delay:
                 state.release.wait(delay)
@@ -106,13 +126,21 @@ class Clock:
 NO_LINES = bs.FixedLines(disk_usd=0.0, egress_usd=0.0)
 
 
-def ask(provider: str, started: datetime | None = T0, planned: float = 24.0,
-        fixed: bs.FixedLines = NO_LINES) -> bs.BudgetAsk:
+def ask(
+    provider: str, started: datetime | None = T0, planned: float = 24.0, fixed: bs.FixedLines = NO_LINES
+) -> bs.BudgetAsk:
     return bs.BudgetAsk(provider, planned, fixed, None if started is None else started.isoformat())
 
 
-def api_sidecar(provider: str, base: str, out: Path, clock: Clock, timeout_s: float = 0.5,
-                resource_id: str | None = None, started: datetime | None = T0) -> bs.Sidecar:
+def api_sidecar(
+    provider: str,
+    base: str,
+    out: Path,
+    clock: Clock,
+    timeout_s: float = 0.5,
+    resource_id: str | None = None,
+    started: datetime | None = T0,
+) -> bs.Sidecar:
     source = pv.ApiSource(provider, base, KEY, pv.DEFAULT_KEY_ENV[provider], timeout_s, resource_id)
     return bs.Sidecar(source, out, ask(provider, started), bs.load_state(out), now=clock)
 
@@ -122,54 +150,74 @@ def no_temp_files(d: Path) -> bool:
 
 
 # --- pure functions -----------------------------------------------------------------------------------
-@pytest.mark.parametrize(("body", "wanted", "rate", "rid"), [
-    (LAMBDA_OK, None, 1.10, "inst-a"),
-    (lambda_body(("a", "active", 110), ("b", "booting", 129)), "b", 1.29, "b"),
-    (lambda_body(("a", "terminated", 110)), "a", 1.10, "a"),
-    (lambda_body(("a", "unhealthy", 75)), None, 0.75, "a"),
-])
+@pytest.mark.parametrize(
+    ("body", "wanted", "rate", "rid"),
+    [
+        (LAMBDA_OK, None, 1.10, "inst-a"),
+        (lambda_body(("a", "active", 110), ("b", "booting", 129)), "b", 1.29, "b"),
+        (lambda_body(("a", "terminated", 110)), "a", 1.10, "a"),
+        (lambda_body(("a", "unhealthy", 75)), None, 0.75, "a"),
+    ],
+)
 def test_parse_lambda(body, wanted, rate, rid):
     r = pv.parse_lambda(body, wanted)
     assert (r.rate_usd_per_hr, r.uptime_s, r.resource_id) == (pytest.approx(rate), None, rid)
 
 
-@pytest.mark.parametrize(("body", "wanted", "error", "needle"), [
-    (lambda_body(("a", "active", 110), ("b", "active", 110)), None, pv.SelectionError, "--instance-id"),
-    (lambda_body(("a", "terminated", 110)), None, pv.SelectionError, "no running instance"),
-    (LAMBDA_OK, "nope", pv.SelectionError, "inst-a, inst-old"),
-    ({"data": [{"id": "a", "status": "active", "instance_type": {"name": "x"}}]}, None, pv.PollError,
-     "data[0].instance_type.price_cents_per_hour"),
-    ({"data": [{"id": "a", "status": "active"}]}, None, pv.PollError, "data[0].instance_type"),
-    ({"data": [{"id": "a", "status": "active", "instance_type": {"price_cents_per_hour": "110"}}]}, None,
-     pv.PollError, "not a non-negative number"),
-    ({"data": {"id": "a"}}, None, pv.PollError, "not a list"),
-    ({"error": {"code": "global/invalid-api-key"}}, None, pv.PollError, "body.data"),
-    ([1, 2], None, pv.PollError, "body.data"),
-])
+@pytest.mark.parametrize(
+    ("body", "wanted", "error", "needle"),
+    [
+        (lambda_body(("a", "active", 110), ("b", "active", 110)), None, pv.SelectionError, "--instance-id"),
+        (lambda_body(("a", "terminated", 110)), None, pv.SelectionError, "no running instance"),
+        (LAMBDA_OK, "nope", pv.SelectionError, "inst-a, inst-old"),
+        (
+            {"data": [{"id": "a", "status": "active", "instance_type": {"name": "x"}}]},
+            None,
+            pv.PollError,
+            "data[0].instance_type.price_cents_per_hour",
+        ),
+        ({"data": [{"id": "a", "status": "active"}]}, None, pv.PollError, "data[0].instance_type"),
+        (
+            {"data": [{"id": "a", "status": "active", "instance_type": {"price_cents_per_hour": "110"}}]},
+            None,
+            pv.PollError,
+            "not a non-negative number",
+        ),
+        ({"data": {"id": "a"}}, None, pv.PollError, "not a list"),
+        ({"error": {"code": "global/invalid-api-key"}}, None, pv.PollError, "body.data"),
+        ([1, 2], None, pv.PollError, "body.data"),
+    ],
+)
 def test_parse_lambda_errors(body, wanted, error, needle):
     with pytest.raises(error) as e:
         pv.parse_lambda(body, wanted)
     assert needle in str(e.value)
 
 
-@pytest.mark.parametrize(("body", "wanted", "rate", "uptime", "rid"), [
-    (RUNPOD_OK, None, 0.79, 7200.0, "pod-a"),
-    (runpod_body(("p", "RUNNING", 0.79, None)), None, 0.79, None, "p"),
-    (runpod_body(("p", "RUNNING", 1, 0), ("q", "RUNNING", 2, 60)), "q", 2.0, 60.0, "q"),
-])
+@pytest.mark.parametrize(
+    ("body", "wanted", "rate", "uptime", "rid"),
+    [
+        (RUNPOD_OK, None, 0.79, 7200.0, "pod-a"),
+        (runpod_body(("p", "RUNNING", 0.79, None)), None, 0.79, None, "p"),
+        (runpod_body(("p", "RUNNING", 1, 0), ("q", "RUNNING", 2, 60)), "q", 2.0, 60.0, "q"),
+    ],
+)
 def test_parse_runpod(body, wanted, rate, uptime, rid):
     r = pv.parse_runpod(body, wanted)
     assert (r.rate_usd_per_hr, r.uptime_s, r.resource_id) == (pytest.approx(rate), uptime, rid)
 
 
-@pytest.mark.parametrize(("body", "error", "needle"), [
-    ({"errors": [{"message": "Not authorized"}], "data": None}, pv.PollError, "Not authorized"),
-    (runpod_body(("p", "RUNNING", 1, 0), ("q", "RUNNING", 2, 60)), pv.SelectionError, "--pod-id"),
-    ({"data": {"myself": {"pods": [{"id": "p", "desiredStatus": "RUNNING"}]}}}, pv.PollError, "pods[0].costPerHr"),
-    ({"data": {"myself": None}}, pv.PollError, "body.data.myself"),
-    ({"data": None}, pv.PollError, "body.data"),
-    (runpod_body(("p", "RUNNING", -1.0, 5)), pv.PollError, "costPerHr"),
-])
+@pytest.mark.parametrize(
+    ("body", "error", "needle"),
+    [
+        ({"errors": [{"message": "Not authorized"}], "data": None}, pv.PollError, "Not authorized"),
+        (runpod_body(("p", "RUNNING", 1, 0), ("q", "RUNNING", 2, 60)), pv.SelectionError, "--pod-id"),
+        ({"data": {"myself": {"pods": [{"id": "p", "desiredStatus": "RUNNING"}]}}}, pv.PollError, "pods[0].costPerHr"),
+        ({"data": {"myself": None}}, pv.PollError, "body.data.myself"),
+        ({"data": None}, pv.PollError, "body.data"),
+        (runpod_body(("p", "RUNNING", -1.0, 5)), pv.PollError, "costPerHr"),
+    ],
+)
 def test_parse_runpod_errors(body, error, needle):
     with pytest.raises(error) as e:
         pv.parse_runpod(body)
@@ -178,12 +226,15 @@ def test_parse_runpod_errors(body, error, needle):
         assert e.value.kind == "API error"
 
 
-@pytest.mark.parametrize(("now", "planned", "spent", "hours", "projected"), [
-    (T0 + timedelta(hours=2), 24.0, 2.2, 2.0, 26.4),
-    (T0 - timedelta(hours=1), 24.0, 0.0, 0.0, 26.4),          # a start in the future counts as 0
-    (T0 + timedelta(hours=30), 24.0, 33.0, 30.0, 33.0),       # past the plan: projected = spent
-    (T0 + timedelta(minutes=30), 10.0, 0.55, 0.5, 11.0),
-])
+@pytest.mark.parametrize(
+    ("now", "planned", "spent", "hours", "projected"),
+    [
+        (T0 + timedelta(hours=2), 24.0, 2.2, 2.0, 26.4),
+        (T0 - timedelta(hours=1), 24.0, 0.0, 0.0, 26.4),  # a start in the future counts as 0
+        (T0 + timedelta(hours=30), 24.0, 33.0, 30.0, 33.0),  # past the plan: projected = spent
+        (T0 + timedelta(minutes=30), 10.0, 0.55, 0.5, 11.0),
+    ],
+)
 def test_the_first_poll_counts_from_the_start(now, planned, spent, hours, projected):
     state = bs.State(T0, "--started-utc")
     reading = pv.BillingReading(1.10, None, "inst-a")
@@ -197,8 +248,9 @@ def test_the_first_poll_counts_from_the_start(now, planned, spent, hours, projec
     assert b["started_utc"] == "2026-05-23T03:00:00Z" and b["started_from"] == "--started-utc"
 
 
-@pytest.mark.parametrize("text", ["2026-05-23T03:00:00Z", "2026-05-23T03:00:00", "2026-05-23T05:00:00+02:00",
-                                  "2026-05-23 03:00:00+00:00"])
+@pytest.mark.parametrize(
+    "text", ["2026-05-23T03:00:00Z", "2026-05-23T03:00:00", "2026-05-23T05:00:00+02:00", "2026-05-23 03:00:00+00:00"]
+)
 def test_parse_utc(text):
     assert bs.parse_utc(text) == T0
 
@@ -227,12 +279,13 @@ def test_the_budget_guard_accepts_what_the_sidecar_writes(tmp_path):
     from x1_pretrain.budget import guard
 
     out = tmp_path / "budget.json"
-    side = bs.Sidecar(pv.ClockSource(1.10), out, ask("clock", fixed=bs.FixedLines()),
-                      now=Clock(T0 + timedelta(hours=3)))
+    side = bs.Sidecar(
+        pv.ClockSource(1.10), out, ask("clock", fixed=bs.FixedLines()), now=Clock(T0 + timedelta(hours=3))
+    )
     assert side.poll()
     reading = guard.parse(json.loads(out.read_text()))
     assert reading.problem is None
-    assert reading.snapshot.spent_usd == pytest.approx(3.3 + 3.0)   # compute + the lab's $2 disk and $1 egress
+    assert reading.snapshot.spent_usd == pytest.approx(3.3 + 3.0)  # compute + the lab's $2 disk and $1 egress
     assert reading.snapshot.fixed_usd == pytest.approx(3.0)
     assert reading.snapshot.last_update_utc == T0 + timedelta(hours=3)
 
@@ -243,7 +296,7 @@ def test_runpod_poll_uses_graphql_and_uptime(cloud, tmp_path):
     assert api_sidecar("runpod", base, out, Clock(T0 + timedelta(hours=5)), started=None).poll()
     b = json.loads(out.read_text())
     assert b["rate_usd_per_hr"] == pytest.approx(0.79)
-    assert b["hours_elapsed"] == pytest.approx(2.0)          # no --started-utc: the pod's uptime says when
+    assert b["hours_elapsed"] == pytest.approx(2.0)  # no --started-utc: the pod's uptime says when
     assert b["spent_usd"] == pytest.approx(1.58)
     assert b["started_from"] == "the provider's uptime"
     ((method, path, auth, body),) = state.requests
@@ -265,8 +318,7 @@ FAILURES = [
 
 
 @pytest.mark.parametrize(("provider", "path", "body", "status", "delay", "kind"), FAILURES)
-def test_a_failed_poll_leaves_budget_json_alone(cloud, tmp_path, capsys, provider, path, body, status, delay,
-                                                kind):
+def test_a_failed_poll_leaves_budget_json_alone(cloud, tmp_path, capsys, provider, path, body, status, delay, kind):
     state, base = cloud
     out = tmp_path / "budget.json"
     clock = Clock(T0 + timedelta(hours=1))
@@ -342,7 +394,7 @@ def test_where_the_start_comes_from(tmp_path):
     assert (s.started_utc, s.started_from) == (now - timedelta(seconds=600), "the provider's uptime")
     s = bs.State()
     bs.resolve_start(s, None, no_uptime, datetime.now(timezone.utc))
-    assert s.started_utc == bs.boot_time() and "boot time" in s.started_from   # a VM bills from its boot
+    assert s.started_utc == bs.boot_time() and "boot time" in s.started_from  # a VM bills from its boot
     s = bs.State()
     bs.resolve_start(s, "now", uptime, now)
     assert s.started_utc == now
@@ -370,7 +422,7 @@ def test_a_price_change_keeps_the_past_and_a_restarted_sidecar_goes_on(tmp_path)
     clock.t += timedelta(hours=1)
     assert side.poll()
     b = json.loads(out.read_text())
-    assert b["spent_usd"] == pytest.approx(28.0 + 1.40)          # the gap at the higher of the two rates
+    assert b["spent_usd"] == pytest.approx(28.0 + 1.40)  # the gap at the higher of the two rates
     clock.t += timedelta(hours=1)
     assert side.poll()
     assert json.loads(out.read_text())["spent_usd"] == pytest.approx(28.0 + 1.40 + 0.79)
@@ -383,7 +435,7 @@ def test_a_pod_restart_does_not_reset_the_spend(cloud, tmp_path, capsys):
     side = api_sidecar("runpod", base, out, clock, started=None)
     state.reply("/graphql", runpod_body(("pod-a", "RUNNING", 1.0, 10 * 3600)))
     assert side.poll()
-    state.reply("/graphql", runpod_body(("pod-a", "RUNNING", 1.0, 60)))   # the pod restarted a minute ago
+    state.reply("/graphql", runpod_body(("pod-a", "RUNNING", 1.0, 60)))  # the pod restarted a minute ago
     clock.t += timedelta(hours=1)
     assert side.poll()
     assert json.loads(out.read_text())["spent_usd"] == pytest.approx(11.0)
@@ -402,8 +454,8 @@ def test_runpods_balance_is_cross_checked_and_the_higher_spend_wins(cloud, tmp_p
         return b
 
     state.reply("/graphql", body(100.0))
-    assert side.poll()                                   # 1 h counted, balance 100 noted
-    state.reply("/graphql", body(97.0))                  # $3 gone in an hour at a "$1/h" pod
+    assert side.poll()  # 1 h counted, balance 100 noted
+    state.reply("/graphql", body(97.0))  # $3 gone in an hour at a "$1/h" pod
     clock.t += timedelta(hours=1)
     assert side.poll()
     b = json.loads(out.read_text())
@@ -431,11 +483,12 @@ def test_a_server_that_drips_its_answer_is_cut_off_at_the_deadline(tmp_path, cap
             conn.close()
 
     threading.Thread(target=drip, daemon=True).start()
-    side = api_sidecar("lambda", f"http://127.0.0.1:{srv.getsockname()[1]}", tmp_path / "budget.json", Clock(T0),
-                       timeout_s=1.0)
+    side = api_sidecar(
+        "lambda", f"http://127.0.0.1:{srv.getsockname()[1]}", tmp_path / "budget.json", Clock(T0), timeout_s=1.0
+    )
     t0 = time.monotonic()
     assert not side.poll()
-    assert time.monotonic() - t0 < 2.5            # one byte every 0.1 s never resets a total deadline
+    assert time.monotonic() - t0 < 2.5  # one byte every 0.1 s never resets a total deadline
     assert "lambda: timeout" in capsys.readouterr().err
     srv.close()
 
@@ -448,12 +501,25 @@ def utc(t: datetime) -> str:
 def test_cli_clock_once(tmp_path):
     out = tmp_path / "budget.json"
     start = datetime.now(timezone.utc) - timedelta(hours=2)
-    code = bs_cli.main(["--provider", "clock", "--rate-usd-per-hr", "1.10", "--out", str(out),
-                    "--started-utc", utc(start), "--planned-hours", "10", "--once"])
+    code = bs_cli.main(
+        [
+            "--provider",
+            "clock",
+            "--rate-usd-per-hr",
+            "1.10",
+            "--out",
+            str(out),
+            "--started-utc",
+            utc(start),
+            "--planned-hours",
+            "10",
+            "--once",
+        ]
+    )
     assert code == 0
     b = json.loads(out.read_text())
     assert b["hours_elapsed"] == pytest.approx(2.0, abs=0.01)
-    assert b["spent_usd"] == pytest.approx(2.2 + 3.0, abs=0.02)     # + the lab's fixed lines ($2 disk, $1 egress)
+    assert b["spent_usd"] == pytest.approx(2.2 + 3.0, abs=0.02)  # + the lab's fixed lines ($2 disk, $1 egress)
     assert b["projected_total_usd"] == pytest.approx(5.2 + 1.10 * 8, abs=0.02)
     assert b["fixed_usd"] == {"disk_usd": 2.0, "egress_usd": 1.0} and b["compute_usd"] == pytest.approx(2.2, abs=0.02)
     assert b["provider"] == "clock" and b["planned_hours"] == 10
@@ -467,7 +533,7 @@ def test_cli_once_keeps_the_recorded_start_and_total(tmp_path):
     assert bs_cli.main(args) == 0
     first = json.loads(out.read_text())
     time.sleep(0.05)
-    assert bs_cli.main(args[:-2]) == 0                      # a restart: no flag, the state decides
+    assert bs_cli.main(args[:-2]) == 0  # a restart: no flag, the state decides
     second = json.loads(out.read_text())
     assert second["started_utc"] == first["started_utc"] and second["compute_usd"] >= first["compute_usd"]
 
@@ -491,25 +557,47 @@ def test_cli_runpod_custom_key_env(cloud, tmp_path, monkeypatch):
     monkeypatch.setenv("MY_RUNPOD_KEY", KEY)
     monkeypatch.delenv("RUNPOD_API_KEY", raising=False)
     out = tmp_path / "budget.json"
-    assert bs_cli.main(["--provider", "runpod", "--provider-base-url", base, "--api-key-env", "MY_RUNPOD_KEY",
-                    "--pod-id", "pod-a", "--out", str(out), "--once"]) == 0
+    assert (
+        bs_cli.main(
+            [
+                "--provider",
+                "runpod",
+                "--provider-base-url",
+                base,
+                "--api-key-env",
+                "MY_RUNPOD_KEY",
+                "--pod-id",
+                "pod-a",
+                "--out",
+                str(out),
+                "--once",
+            ]
+        )
+        == 0
+    )
     assert json.loads(out.read_text())["resource_id"] == "pod-a"
 
 
-@pytest.mark.parametrize(("args", "env", "needle"), [
-    (["--provider", "lambda"], {}, "LAMBDA_API_KEY"),
-    (["--provider", "runpod"], {}, "RUNPOD_API_KEY"),
-    (["--provider", "runpod", "--api-key-env", "NOPE_KEY"], {}, "NOPE_KEY"),
-    (["--provider", "aws"], {}, "invalid choice"),
-    (["--provider", "clock"], {}, "--rate-usd-per-hr"),
-    (["--provider", "clock", "--rate-usd-per-hr", "-1"], {}, "--rate-usd-per-hr must be a positive"),
-    (["--provider", "clock", "--rate-usd-per-hr", "1", "--interval-min", "0"], {}, "--interval-min"),
-    (["--provider", "clock", "--rate-usd-per-hr", "1", "--disk-usd", "-2"], {}, "--disk-usd"),
-    (["--provider", "lambda", "--pod-id", "p"], {"LAMBDA_API_KEY": KEY}, "--instance-id"),
-    (["--provider", "lambda", "--provider-base-url", "{base}"], {"LAMBDA_API_KEY": KEY}, "--instance-id ID"),
-    (["--provider", "lambda", "--provider-base-url", "{base}", "--instance-id", "x"], {"LAMBDA_API_KEY": KEY},
-     "no such"),
-])
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--provider", "lambda"], {}, "LAMBDA_API_KEY"),
+        (["--provider", "runpod"], {}, "RUNPOD_API_KEY"),
+        (["--provider", "runpod", "--api-key-env", "NOPE_KEY"], {}, "NOPE_KEY"),
+        (["--provider", "aws"], {}, "invalid choice"),
+        (["--provider", "clock"], {}, "--rate-usd-per-hr"),
+        (["--provider", "clock", "--rate-usd-per-hr", "-1"], {}, "--rate-usd-per-hr must be a positive"),
+        (["--provider", "clock", "--rate-usd-per-hr", "1", "--interval-min", "0"], {}, "--interval-min"),
+        (["--provider", "clock", "--rate-usd-per-hr", "1", "--disk-usd", "-2"], {}, "--disk-usd"),
+        (["--provider", "lambda", "--pod-id", "p"], {"LAMBDA_API_KEY": KEY}, "--instance-id"),
+        (["--provider", "lambda", "--provider-base-url", "{base}"], {"LAMBDA_API_KEY": KEY}, "--instance-id ID"),
+        (
+            ["--provider", "lambda", "--provider-base-url", "{base}", "--instance-id", "x"],
+            {"LAMBDA_API_KEY": KEY},
+            "no such",
+        ),
+    ],
+)
 def test_cli_usage_errors_exit_2(cloud, tmp_path, monkeypatch, capsys, args, env, needle):
     state, base = cloud
     state.reply("/api/v1/instances", lambda_body(("a", "active", 110), ("b", "active", 110)))
@@ -535,10 +623,22 @@ def test_polling_loop_in_a_process_stops_on_signal(cloud, tmp_path, sig):
     state, base = cloud
     out = tmp_path / "budget.json"
     env = {**os.environ, "LAMBDA_API_KEY": KEY, "PYTHONPATH": str(REPO / "src")}
-    cmd = [sys.executable, "-m", "x1_pretrain.budget_sidecar", "--provider", "lambda", "--provider-base-url", base,
-           "--out", str(out), "--interval-min", "0.001", "--timeout-s", "2"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.budget_sidecar",
+        "--provider",
+        "lambda",
+        "--provider-base-url",
+        base,
+        "--out",
+        str(out),
+        "--interval-min",
+        "0.001",
+        "--timeout-s",
+        "2",
+    ]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 10
         while len(state.requests) < 3:
@@ -571,11 +671,28 @@ def test_cli_one_sidecar_bills_every_node(cloud, tmp_path, monkeypatch):
     monkeypatch.setenv("LAMBDA_API_KEY", KEY)
     out = tmp_path / "budget.json"
     start = datetime.now(timezone.utc) - timedelta(hours=2)
-    assert bs_cli.main(["--provider", "lambda", "--provider-base-url", base, "--out", str(out), "--once",
-                        "--nodes", "2", "--started-utc", utc(start)]) == 0
+    assert (
+        bs_cli.main(
+            [
+                "--provider",
+                "lambda",
+                "--provider-base-url",
+                base,
+                "--out",
+                str(out),
+                "--once",
+                "--nodes",
+                "2",
+                "--started-utc",
+                utc(start),
+            ]
+        )
+        == 0
+    )
     b = json.loads(out.read_text())
     assert b["rate_usd_per_hr"] == pytest.approx(2.20) and b["fixed_usd"] == {"disk_usd": 4.0, "egress_usd": 1.0}
     assert b["spent_usd"] == pytest.approx(2 * 1.10 * 2 + 4 + 1, abs=0.02)
     assert b["resource_id"] == "a x2 nodes"
-    assert bs_cli.main(["--provider", "clock", "--rate-usd-per-hr", "1", "--nodes", "0", "--out", str(out),
-                        "--once"]) == 2   # usage
+    assert (
+        bs_cli.main(["--provider", "clock", "--rate-usd-per-hr", "1", "--nodes", "0", "--out", str(out), "--once"]) == 2
+    )  # usage

@@ -14,8 +14,17 @@ def test_read_source_variants(tmp_path):
     assert "does not exist" in read_source(str(p)).problem
     p.write_text("{not json")
     assert "not valid JSON" in read_source(p.as_uri()).problem
-    p.write_text(json.dumps({"spent_usd": 1.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 1, "projected_total_usd": 2,
-                             "last_update_utc": "2026-05-23T15:42:01Z"}))
+    p.write_text(
+        json.dumps(
+            {
+                "spent_usd": 1.0,
+                "rate_usd_per_hr": 1.1,
+                "hours_elapsed": 1,
+                "projected_total_usd": 2,
+                "last_update_utc": "2026-05-23T15:42:01Z",
+            }
+        )
+    )
     r = read_source(str(p))
     assert r.problem is None and r.snapshot.rate_usd_per_hr == 1.1
     assert r.snapshot.last_update_utc == datetime(2026, 5, 23, 15, 42, 1, tzinfo=timezone.utc)
@@ -31,8 +40,16 @@ def test_an_http_source_has_a_total_deadline_and_its_secrets_stay_hidden():
         drip.close()
     s = JsonServer()
     try:
-        s.route("/budget.json", {"spent_usd": 2.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 1,
-                                 "projected_total_usd": 3, "last_update_utc": "2026-05-23T15:42:01Z"})
+        s.route(
+            "/budget.json",
+            {
+                "spent_usd": 2.0,
+                "rate_usd_per_hr": 1.1,
+                "hours_elapsed": 1,
+                "projected_total_usd": 3,
+                "last_update_utc": "2026-05-23T15:42:01Z",
+            },
+        )
         assert read_source(s.base + "/budget.json?token=abc").snapshot.spent_usd == 2.0
         s.route("/budget.json", {"no": "way"}, status=401)
         r = read_source(s.base + "/budget.json?token=abcdefsecret")

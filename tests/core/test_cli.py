@@ -22,12 +22,13 @@ def test_an_old_spelling_sets_the_new_destination_with_one_notice(capsys):
     assert p.parse_args(["--new-rate", "2"]).new_rate == 2.0 and capsys.readouterr().err == ""
     assert "--old-rate" not in p.format_help() and "--new-rate" in p.format_help()
     with pytest.raises(SystemExit):
-        p.parse_args(["--old-rate", "fast"])   # the same type check as the new spelling
+        p.parse_args(["--old-rate", "fast"])  # the same type check as the new spelling
 
 
 TRAIN = ["--config", "c.yaml", "--data-dir", "d"]
 TRAIN_PAIRS = [
-    (["--fit-to-budget"], ["--budget-fit"]), (["--max-hours", "3"], ["--budget-max-hours", "3"]),
+    (["--fit-to-budget"], ["--budget-fit"]),
+    (["--max-hours", "3"], ["--budget-max-hours", "3"]),
     (["--assumed-mfu", "0.3"], ["--budget-assumed-mfu", "0.3"]),
     (["--expected-step-s", "2"], ["--budget-expected-step-s", "2"]),
     (["--max-rate-usd-per-hr", "2"], ["--budget-max-rate-usd-per-hr", "2"]),
@@ -40,8 +41,11 @@ TRAIN_PAIRS = [
 @pytest.mark.parametrize(("old", "new"), TRAIN_PAIRS)
 def test_the_trainers_old_spellings_set_the_same_config_key(old, new, capsys):
     parse = options.build_parser().parse_args
-    assert options.options_from(parse([*TRAIN, *old])).overrides == \
-        options.options_from(parse([*TRAIN, *new])).overrides != {}
+    assert (
+        options.options_from(parse([*TRAIN, *old])).overrides
+        == options.options_from(parse([*TRAIN, *new])).overrides
+        != {}
+    )
     assert f"deprecated: {old[0]} is now {new[0]}" in capsys.readouterr().err
 
 
@@ -56,11 +60,18 @@ def test_every_budget_key_has_a_trainer_flag_and_plan_uses_the_same_names():
     for key in options.BUDGET_HELP:
         assert options.budget_flag(key) in help_text
     plan_help = plan.build_parser().format_help()
-    for flag in ("--budget-cap-usd", "--budget-assumed-mfu", "--budget-buffer-usd", "--budget-reserve-min",
-                 "--budget-max-hours", "--budget-fit"):
+    for flag in (
+        "--budget-cap-usd",
+        "--budget-assumed-mfu",
+        "--budget-buffer-usd",
+        "--budget-reserve-min",
+        "--budget-max-hours",
+        "--budget-fit",
+    ):
         assert flag in plan_help
-    args = plan.build_parser().parse_args(["--config", "c", "--rate-usd-per-hr", "1", "--mfu", "0.3",
-                                           "--buffer-usd", "2", "--reserve-min", "5"])
+    args = plan.build_parser().parse_args(
+        ["--config", "c", "--rate-usd-per-hr", "1", "--mfu", "0.3", "--buffer-usd", "2", "--reserve-min", "5"]
+    )
     assert (args.budget_assumed_mfu, args.budget_buffer_usd, args.budget_reserve_min) == (0.3, 2.0, 5.0)
 
 

@@ -18,12 +18,33 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_lab_config_holds_the_labs_numbers():
     cfg = C.load(REPO / "configs" / "x1-50m-a100.yaml")
     m, o, t = cfg.model, cfg.optim, cfg.train
-    assert (m.n_layer, m.d_model, m.n_head, m.n_kv_head, m.d_ff, m.seq_len, m.vocab_size) == \
-        (8, 768, 12, 4, 2048, 1024, 50257)
-    assert (m.norm, m.activation, m.pos_enc, m.rope_base, m.init_std, m.tie_embeddings) == \
-        ("rmsnorm", "swiglu", "rope", 10000.0, 0.02, True)
-    assert (o.lr, o.min_lr, o.beta1, o.beta2, o.weight_decay, o.grad_clip, o.warmup_steps, o.schedule) == \
-        (3e-4, 3e-5, 0.9, 0.95, 0.1, 1.0, 1000, "cosine")
+    assert (m.n_layer, m.d_model, m.n_head, m.n_kv_head, m.d_ff, m.seq_len, m.vocab_size) == (
+        8,
+        768,
+        12,
+        4,
+        2048,
+        1024,
+        50257,
+    )
+    assert (m.norm, m.activation, m.pos_enc, m.rope_base, m.init_std, m.tie_embeddings) == (
+        "rmsnorm",
+        "swiglu",
+        "rope",
+        10000.0,
+        0.02,
+        True,
+    )
+    assert (o.lr, o.min_lr, o.beta1, o.beta2, o.weight_decay, o.grad_clip, o.warmup_steps, o.schedule) == (
+        3e-4,
+        3e-5,
+        0.9,
+        0.95,
+        0.1,
+        1.0,
+        1000,
+        "cosine",
+    )
     assert (t.batch_size, t.micro_batch_size, t.grad_accum_steps, t.seed) == (512, 32, 16, 42)
     assert (t.precision, t.compile, t.compile_mode, t.attention) == ("bf16", True, "max-autotune", "flash")
     assert cfg.tokens_per_step() == 524288
@@ -31,22 +52,29 @@ def test_lab_config_holds_the_labs_numbers():
 
 
 def test_all_problems_are_reported_at_once_with_their_keys(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
 model: {d_model: 100, n_head: 12, n_kv_head: 5, n_layr: 3}
 optim: {lr: fast}
 train: {batch_size: 512, micro_batch_size: 32, grad_accum_steps: 8, total_steps: 0, compile: "yes"}
 trian: {}
-""")
+""",
+    )
     with pytest.raises(C.ConfigError) as e:
         C.load(p)
     msg = str(e.value)
-    for needle in ["model.n_layr: unknown key (did you mean model.n_layer?)", "optim.lr: expected a number",
-                   "train.compile: expected true or false", "trian: unknown section (did you mean train?)",
-                   "model.d_model: 100 is not divisible by model.n_head 12",
-                   "model.n_head: 12 is not divisible by model.n_kv_head 5",
-                   "train.total_steps: must be positive",
-                   "train.grad_accum_steps: 8 disagrees with train.batch_size 512 / train.micro_batch_size 32 = 16",
-                   str(p)]:
+    for needle in [
+        "model.n_layr: unknown key (did you mean model.n_layer?)",
+        "optim.lr: expected a number",
+        "train.compile: expected true or false",
+        "trian: unknown section (did you mean train?)",
+        "model.d_model: 100 is not divisible by model.n_head 12",
+        "model.n_head: 12 is not divisible by model.n_kv_head 5",
+        "train.total_steps: must be positive",
+        "train.grad_accum_steps: 8 disagrees with train.batch_size 512 / train.micro_batch_size 32 = 16",
+        str(p),
+    ]:
         assert needle in msg, needle
 
 
@@ -93,16 +121,20 @@ def test_configs_are_frozen():
 def test_grad_accum_is_derived_for_every_rank_count_and_a_disagreeing_value_names_the_three_numbers(tmp_path):
     """grad_accum_steps counts the step's micro-batches over all ranks (batch / micro): the same on 1, 2 or 4
     ranks; a rank count that cannot share them out, or a value that disagrees, is an error that says what fits."""
-    assert C.Config().train.grad_accum_steps == 16   # 512 / 32, derived
+    assert C.Config().train.grad_accum_steps == 16  # 512 / 32, derived
     for world in (1, 2, 4, 8, 16):
         assert not C.validate(C.Config(), world_size=world)
     (three,) = C.validate(C.Config(), world_size=3)
     assert "16 micro-batches a step cannot be shared out over 3 ranks; run on 1, 2, 4, 8, 16 ranks" in three
     (wrong,) = C.validate(C.Config(train=C.TrainConfig(grad_accum_steps=8)))
-    assert wrong.startswith("train.grad_accum_steps: 8 disagrees with train.batch_size 512 / "
-                            "train.micro_batch_size 32 = 16") and "set it to 16" in wrong
+    assert (
+        wrong.startswith(
+            "train.grad_accum_steps: 8 disagrees with train.batch_size 512 / train.micro_batch_size 32 = 16"
+        )
+        and "set it to 16" in wrong
+    )
     lab = REPO / "configs" / "x1-50m-a100.yaml"
-    assert C.load(lab, sets=["train.micro_batch_size=16"]).train.grad_accum_steps == 32   # the file's 16 re-derived
+    assert C.load(lab, sets=["train.micro_batch_size=16"]).train.grad_accum_steps == 32  # the file's 16 re-derived
     assert C.load(lab, sets=["train.micro_batch_size=16"], world_size=2).train.grad_accum_steps == 32
     with pytest.raises(C.ConfigError, match="disagrees"):
         C.load(lab, sets=["train.micro_batch_size=16", "train.grad_accum_steps=16"])
@@ -116,8 +148,12 @@ def test_the_lab_config_holds_the_labs_budget_and_checkpoint_cadence():
     cfg = C.load(REPO / "configs" / "x1-50m-a100.yaml")
     b = cfg.budget
     assert (b.cap_usd, b.alert_usd, b.buffer_usd, b.reserve_min, b.check_every_min) == (35.0, 30.0, 5.0, 10.0, 30.0)
-    assert (b.sidecar_interval_min, b.unknown_grace_min, b.stop_wait_s, b.max_rate_usd_per_hr) == \
-        (5.0, 60.0, 120.0, 1.4)
+    assert (b.sidecar_interval_min, b.unknown_grace_min, b.stop_wait_s, b.max_rate_usd_per_hr) == (
+        5.0,
+        60.0,
+        120.0,
+        1.4,
+    )
     assert (b.fit, b.max_hours) == (False, 24.0)
     assert (cfg.checkpoint.every_steps, cfg.checkpoint.keep_last) == (1800, 3)
 
@@ -134,15 +170,22 @@ def test_budget_rules_name_the_key_and_the_flag(tmp_path):
     with pytest.raises(C.ConfigError) as e:
         C.load(p)
     text = str(e.value)
-    for expected in ("budget.alert_usd: 40.0 must be below budget.cap_usd 35.0", "(--budget-alert-usd",
-                     "budget.check_every_min: must be positive", "budget.assumed_mfu: must be in (0, 1]",
-                     "budget.fit: needs optim.schedule 'wsd'"):
+    for expected in (
+        "budget.alert_usd: 40.0 must be below budget.cap_usd 35.0",
+        "(--budget-alert-usd",
+        "budget.check_every_min: must be positive",
+        "budget.assumed_mfu: must be in (0, 1]",
+        "budget.fit: needs optim.schedule 'wsd'",
+    ):
         assert expected in text, text
 
 
 def test_renamed_keys_are_read_for_one_release_with_a_notice(tmp_path, capsys):
-    p = write(tmp_path, "train: {ckpt_every: 7, fit_to_budget: true}\noptim: {schedule: wsd}\n"
-                        "spike: {warmup_steps: 9, skip_spike_steps: true}\n")
+    p = write(
+        tmp_path,
+        "train: {ckpt_every: 7, fit_to_budget: true}\noptim: {schedule: wsd}\n"
+        "spike: {warmup_steps: 9, skip_spike_steps: true}\n",
+    )
     cfg = C.load(p, sets=["train.ckpt_every_min=15"])
     assert (cfg.checkpoint.every_steps, cfg.checkpoint.every_min, cfg.budget.fit) == (7, 15.0, True)
     assert (cfg.spike.baseline_steps, cfg.spike.skip_steps) == (9, True)

@@ -19,7 +19,7 @@ def _broken_stream(line_buffering: bool = True) -> io.TextIOWrapper:
     return io.TextIOWrapper(os.fdopen(w, "wb"), line_buffering=line_buffering)
 
 
-@pytest.mark.parametrize("line_buffering", [True, False])   # a terminal's stdout, and a pipe's
+@pytest.mark.parametrize("line_buffering", [True, False])  # a terminal's stdout, and a pipe's
 def test_a_write_that_fails_goes_to_the_log_file_from_then_on(tmp_path, line_buffering):
     raw = _broken_stream()
     with pytest.raises(BrokenPipeError):
@@ -30,8 +30,8 @@ def test_a_write_that_fails_goes_to_the_log_file_from_then_on(tmp_path, line_buf
     stream.flush()
     print("a later print", file=stream, flush=True)  # type: ignore[arg-type]
     assert stream.diverted == str(log)
-    assert log.read_text() == "first line after the hang-up\na later print\n"   # each line once
-    os.write(stream.fileno(), b"a raw write on the descriptor\n")   # child processes and C code write there too
+    assert log.read_text() == "first line after the hang-up\na later print\n"  # each line once
+    os.write(stream.fileno(), b"a raw write on the descriptor\n")  # child processes and C code write there too
     assert log.read_text().endswith("a raw write on the descriptor\n")
 
 
@@ -48,6 +48,6 @@ def test_guarded_console_wraps_and_restores_the_standard_streams(tmp_path, monke
     before = sys.stdout, sys.stderr
     with console.guarded_console():
         assert isinstance(sys.stdout, console._Resilient) and sys.stdout._divert_to == tmp_path / "x.log"
-        with console.guarded_console():   # nested: no second wrapper
+        with console.guarded_console():  # nested: no second wrapper
             assert not isinstance(sys.stdout._stream, console._Resilient)
     assert (sys.stdout, sys.stderr) == before

@@ -13,10 +13,11 @@ from ..conftest import REPO
 
 def test_the_readme_table_is_the_code_table():
     text = (REPO / "README.md").read_text()
-    table = text[text.index("| code | meaning | watchdog |"):]
+    table = text[text.index("| code | meaning | watchdog |") :]
     rows = re.findall(r"^\| (\d+) \| (.+?) \| (relaunches|stops) \|$", table.split("\n\n")[0], re.M)
-    assert [(int(c), m.replace("`", ""), w == "relaunches") for c, m, w in rows] == \
-        [(e.code, e.meaning, e.relaunched) for e in EXIT_CODES]
+    assert [(int(c), m.replace("`", ""), w == "relaunches") for c, m, w in rows] == [
+        (e.code, e.meaning, e.relaunched) for e in EXIT_CODES
+    ]
 
 
 def test_train_help_and_the_watchdog_policy_come_from_it():

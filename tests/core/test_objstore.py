@@ -12,8 +12,12 @@ from ..s3server import free_port
 
 def test_urls_parse_and_bad_ones_name_the_form():
     u = RemoteURL.parse("s3://my-bucket/runs/lab-1/")
-    assert (u.bucket, u.prefix, u.key("latest"), str(u)) == ("my-bucket", "runs/lab-1", "runs/lab-1/latest",
-                                                            "s3://my-bucket/runs/lab-1")
+    assert (u.bucket, u.prefix, u.key("latest"), str(u)) == (
+        "my-bucket",
+        "runs/lab-1",
+        "runs/lab-1/latest",
+        "s3://my-bucket/runs/lab-1",
+    )
     assert RemoteURL.parse("s3://my-bucket").key("latest") == "latest"
     for bad in ("gs://b/p", "/local/dir", "s3://", "s3://UPPER/p"):
         with pytest.raises(X1Error, match=r"s3://BUCKET/PREFIX|bucket name"):
@@ -51,7 +55,7 @@ def test_missing_bucket_is_a_usage_error(s3env):
 
 
 def test_an_unreachable_store_is_a_warning_at_launch_not_an_error(monkeypatch):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")   # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAX1")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x1-secret-xyz")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -82,7 +86,7 @@ def test_conditional_writes_lose_cleanly_to_a_writer_that_came_first(s3env):
     assert data == b"first\n"
     store.put_bytes(b"third\n", "latest", if_match=etag)
     with pytest.raises(StoreError) as e:
-        store.put_bytes(b"fourth\n", "latest", if_match=etag)   # read before the third write: stale
+        store.put_bytes(b"fourth\n", "latest", if_match=etag)  # read before the third write: stale
     assert e.value.kind == "conflict"
     assert store.get_tagged("latest")[0] == b"third\n" and store.get_tagged("nope") is None
 

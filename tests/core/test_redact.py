@@ -33,7 +33,7 @@ def test_a_url_flag_with_a_secret_is_warned_once_masked_naming_the_alternative(m
     assert capsys.readouterr().err == ""
     url = "http://alice:pa55word@host:5000/"
     assert redact.warn_if_visible("--mlflow-uri", url, redact.MLFLOW_CREDENTIALS)
-    assert not redact.warn_if_visible("--mlflow-uri", url, redact.MLFLOW_CREDENTIALS)   # once
+    assert not redact.warn_if_visible("--mlflow-uri", url, redact.MLFLOW_CREDENTIALS)  # once
     assert redact.warn_if_visible("--budget-curr-cost-uri", "https://h/b.json?token=abcdef", redact.BUDGET_CREDENTIALS)
     err = capsys.readouterr().err
     assert err.count("warning:") == 2 and "pa55word" not in err and "abcdef" not in err

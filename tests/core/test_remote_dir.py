@@ -22,7 +22,7 @@ def _tokens(path):
     for name in ("train_000.bin", "train_001.bin", "val_000.bin"):
         rng.integers(0, 50257, 300_000, dtype=np.uint16).tofile(path / name)
     (path / "meta.json").write_text(json.dumps({"vocab_size": 50257}))
-    (path / ".train_002.bin.tmp").write_bytes(b"half")   # an x1 file still being written: never pushed
+    (path / ".train_002.bin.tmp").write_bytes(b"half")  # an x1 file still being written: never pushed
     return path
 
 
@@ -31,11 +31,11 @@ def test_push_then_pull_gives_the_same_folder_and_a_second_push_sends_nothing(s3
     store = Store(RemoteURL.parse(s3env + "/data/tokenized"))
     assert push(store, src, print) == (4, sum(p.stat().st_size for p in src.iterdir() if p.name[0] != "."))
     assert ".train_002.bin.tmp" not in store.list_objects()
-    assert push(store, src, print) == (0, 0)   # already there, hashes equal
+    assert push(store, src, print) == (0, 0)  # already there, hashes equal
     dest = tmp_path / "new-machine" / "tokenized"
     assert pull(store, dest, print) == "pulled"
     assert listing(dest) == listing(src)
-    assert sorted(p.name for p in dest.parent.iterdir()) == ["tokenized"]   # no pull folder left behind
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["tokenized"]  # no pull folder left behind
     assert pull(store, dest, print) == "present"
 
 
@@ -43,15 +43,15 @@ def test_a_push_cut_short_is_never_pulled_and_a_wrong_file_is_refused_whole(s3en
     src = _tokens(tmp_path / "tokenized")
     store = Store(RemoteURL.parse(s3env + "/tok"))
     push(store, src, print)
-    store.delete([MANIFEST])                     # as a push cut short leaves it: files, no manifest
+    store.delete([MANIFEST])  # as a push cut short leaves it: files, no manifest
     assert pull(store, tmp_path / "a", print) == "absent" and not (tmp_path / "a").exists()
     push(store, src, print)
     size = (src / "train_001.bin").stat().st_size
-    store.put_bytes(b"x" * size, "train_001.bin")   # changed behind the manifest's back, the same size
+    store.put_bytes(b"x" * size, "train_001.bin")  # changed behind the manifest's back, the same size
     with pytest.raises(PullFailed, match=r"train_001\.bin does not match"):
         pull(store, tmp_path / "b", print)
     assert not (tmp_path / "b").exists() and [p.name for p in tmp_path.iterdir()] == ["tokenized"]
-    assert push(store, src, print) == (1, size)   # the object's own sha256 tells the push what to send again
+    assert push(store, src, print) == (1, size)  # the object's own sha256 tells the push what to send again
     assert pull(store, tmp_path / "b", print) == "pulled" and listing(tmp_path / "b") == listing(src)
 
 
@@ -97,7 +97,7 @@ def test_the_command_exit_codes_for_the_store(s3env, tmp_path, monkeypatch, caps
     assert remote.main(["pull", s3env + "/t", str(tmp_path / "copy2")]) == 2
     err = capsys.readouterr().err
     assert "refused the credentials" in err and "AWS_ACCESS_KEY_ID" in err
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")   # nothing listens: unreachable, worth a retry
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens: unreachable, worth a retry
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     assert remote.main(["pull", s3env + "/t", str(tmp_path / "copy3")]) == 1
     assert "try again" in capsys.readouterr().err and not (tmp_path / "copy3").exists()
@@ -135,13 +135,13 @@ def test_pull_never_deletes_what_it_did_not_write_and_refuses_paths_outside_its_
     store = Store(RemoteURL.parse(s3env + "/tok"))
     assert push(store, src, print, if_absent=True)[0] == 4
     (src / "meta.json").write_text("{}")
-    assert push(store, src, print, if_absent=True) == (0, 0)   # the tokens a run trained on are left alone
+    assert push(store, src, print, if_absent=True) == (0, 0)  # the tokens a run trained on are left alone
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     with pytest.raises(X1Error, match="not an empty folder"):
         pull(store, repo, print)
     assert (repo / ".git").is_dir()
-    old = tmp_path / f".fresh.pull-{2 ** 22 + 12345}"   # a pull killed long ago (no such process)
+    old = tmp_path / f".fresh.pull-{2**22 + 12345}"  # a pull killed long ago (no such process)
     old.mkdir()
     assert pull(store, tmp_path / "fresh", print) == "pulled" and not old.exists()
     manifest = json.loads(store.get_bytes(MANIFEST))
@@ -181,7 +181,7 @@ def test_a_manifest_path_that_leaves_the_folder_is_refused_before_anything_is_wr
     with pytest.raises(X1Error, match=r"outside its folder") as e:
         pull(store, tmp_path / "evil", print)
     assert repr(key)[1:-1] in str(e.value)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenized"]   # not even the pull folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenized"]  # not even the pull folder
 
 
 def test_a_symlinked_parent_cannot_take_a_pulled_file_outside(tmp_path):
@@ -209,12 +209,13 @@ def test_verify_reads_the_copy_back_and_names_every_object_that_differs(s3, s3en
     store = Store(RemoteURL.parse(url))
     assert verify(store, src) == []
     key = RemoteURL.parse(url).key("train_001.bin")
-    s3.client().put_object(Bucket=RemoteURL.parse(url).bucket, Key=key, Body=b"not the shard")   # replaced behind
+    s3.client().put_object(Bucket=RemoteURL.parse(url).bucket, Key=key, Body=b"not the shard")  # replaced behind
     s3.client().delete_object(Bucket=RemoteURL.parse(url).bucket, Key=RemoteURL.parse(url).key("meta.json"))
     (src / "val_000.bin").write_bytes(b"changed here after the push")
     got = verify(store, src)
     assert len(got) == 3 and any("train_001.bin: differs" in g for g in got)
-    assert any("meta.json: absent" in g for g in got) and any("val_000.bin: not in the remote manifest" in g
-                                                               for g in got)
+    assert any("meta.json: absent" in g for g in got) and any(
+        "val_000.bin: not in the remote manifest" in g for g in got
+    )
     store.delete([MANIFEST])
     assert verify(store, src) == [f"{url}/{MANIFEST}: absent (the push did not complete)"]

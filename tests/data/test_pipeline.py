@@ -59,8 +59,21 @@ def expected_split(parts: dict[str, list], frac: float) -> tuple[list[str], list
 def test_round_trip_every_format_document_by_document(tmp_path, tok, prose):
     parts = make_corpus(tmp_path / "in", prose)
     out = tmp_path / "out"
-    assert run_cli("--input-dir", str(tmp_path / "in"), "--output-dir", str(out), "--tokenizer", "gpt2",
-                   "--val-fraction", "0.2", "--workers", "1") == 0
+    assert (
+        run_cli(
+            "--input-dir",
+            str(tmp_path / "in"),
+            "--output-dir",
+            str(out),
+            "--tokenizer",
+            "gpt2",
+            "--val-fraction",
+            "0.2",
+            "--workers",
+            "1",
+        )
+        == 0
+    )
     train, val = expected_split(parts, 0.2)
     assert len(val) > 3 and len(train) > 40
     assert read_docs(out, "train", tok) == train
@@ -88,8 +101,19 @@ def test_output_is_byte_identical_for_any_worker_count(tmp_path, prose, monkeypa
     outs = []
     for w in (1, 2, 3):
         out = tmp_path / f"out{w}"
-        assert run_cli("--input-dir", str(tmp_path / "in"), "--output-dir", str(out), "--workers", str(w),
-                       "--val-fraction", "0.1") == 0
+        assert (
+            run_cli(
+                "--input-dir",
+                str(tmp_path / "in"),
+                "--output-dir",
+                str(out),
+                "--workers",
+                str(w),
+                "--val-fraction",
+                "0.1",
+            )
+            == 0
+        )
         outs.append(out)
     for name in ("train.bin", "val.bin", "unigram_counts.npy"):
         blobs = {(o / name).read_bytes() for o in outs}
@@ -98,7 +122,7 @@ def test_output_is_byte_identical_for_any_worker_count(tmp_path, prose, monkeypa
 
 def test_val_documents_come_from_the_whole_corpus(tmp_path, prose):
     for k in range(6):
-        write_jsonl(tmp_path / "in" / f"shard{k}.jsonl", prose[k * 12:(k + 1) * 12])
+        write_jsonl(tmp_path / "in" / f"shard{k}.jsonl", prose[k * 12 : (k + 1) * 12])
     meta = TD.run(TD.TokenizeJob(tmp_path / "in", tmp_path / "out", val_fraction=0.25, workers=1), print)
     with_val = [s["path"] for s in meta["sources"] if s["val_docs"] > 0]
     assert len(with_val) >= 4, with_val
@@ -189,12 +213,28 @@ def test_skip_bad_files_rolls_back_the_bad_file_and_reports_it(tmp_path, prose, 
     write_jsonl(tmp_path / "in" / "c.jsonl", good2)
     for workers in ("1", "2"):
         out = tmp_path / f"out{workers}"
-        assert run_cli("--input-dir", str(tmp_path / "in"), "--output-dir", str(out), "--workers", workers,
-                       "--val-fraction", "0", "--skip-bad-files") == 0
+        assert (
+            run_cli(
+                "--input-dir",
+                str(tmp_path / "in"),
+                "--output-dir",
+                str(out),
+                "--workers",
+                workers,
+                "--val-fraction",
+                "0",
+                "--skip-bad-files",
+            )
+            == 0
+        )
         assert read_docs(out, "train", tok) == good1 + good2
         meta = json.loads((out / "meta.json").read_text())
-        assert meta["skipped_files"] == [{"path": "b.jsonl", "error": ":11: not valid JSON (Expecting property "
-                                                                       "name enclosed in double quotes at column 2)"}]
+        assert meta["skipped_files"] == [
+            {
+                "path": "b.jsonl",
+                "error": ":11: not valid JSON (Expecting property name enclosed in double quotes at column 2)",
+            }
+        ]
         counts = np.load(out / "unigram_counts.npy")
         assert counts.sum() == meta["splits"]["train"]["tokens"]
 
@@ -219,12 +259,21 @@ def test_crash_mid_run_leaves_no_finished_looking_output(tmp_path, prose, monkey
 def test_sigkill_mid_run_leaves_no_train_bin(tmp_path, prose):
     # A real process killed with SIGKILL while writing: only hidden partial files may remain,
     # and the next run cleans them up and finishes.
-    big = prose * 10   # 4 x 4.6 MB: seconds of work, long enough that the kill lands mid-write
+    big = prose * 10  # 4 x 4.6 MB: seconds of work, long enough that the kill lands mid-write
     for k in range(4):
         write_jsonl(tmp_path / "in" / f"s{k}.jsonl", big)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "x1_pretrain.tokenize_data", "--input-dir", str(tmp_path / "in"),
-           "--output-dir", str(out), "--workers", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.tokenize_data",
+        "--input-dir",
+        str(tmp_path / "in"),
+        "--output-dir",
+        str(out),
+        "--workers",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
     import time
 
@@ -234,7 +283,7 @@ def test_sigkill_mid_run_leaves_no_train_bin(tmp_path, prose):
     proc.kill()
     proc.wait()
     assert not (out / "train.bin").exists() and not (out / "meta.json").exists()
-    assert run_cli(*cmd[3:]) == 0   # the same command again, in this process
+    assert run_cli(*cmd[3:]) == 0  # the same command again, in this process
     assert (out / "meta.json").exists() and not list(out.glob(".*partial*"))
 
 
@@ -243,15 +292,27 @@ def test_discover_is_recursive_sorted_and_ignores_hidden(tmp_path):
         p = tmp_path / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text("x")
-    assert [p.relative_to(tmp_path).as_posix() for p in discover(tmp_path)] == ["a.parquet", "b/1.jsonl.zst",
-                                                                                  "b/2.txt"]
+    assert [p.relative_to(tmp_path).as_posix() for p in discover(tmp_path)] == ["a.parquet", "b/1.jsonl.zst", "b/2.txt"]
 
 
 def test_lab_command_on_real_fineweb_parquet(tmp_path, tok):
     corpus = shared_path("corpus")
     out = tmp_path / "tokenized"
-    assert run_cli("--input-dir", str(corpus), "--output-dir", str(out), "--tokenizer", "gpt2",
-                   "--val-fraction", "0.001", "--workers", "16") == 0
+    assert (
+        run_cli(
+            "--input-dir",
+            str(corpus),
+            "--output-dir",
+            str(out),
+            "--tokenizer",
+            "gpt2",
+            "--val-fraction",
+            "0.001",
+            "--workers",
+            "16",
+        )
+        == 0
+    )
     import pyarrow.parquet as pq
 
     docs = [t for t in pq.read_table(corpus / "fineweb_edu_150docs.parquet").column("text").to_pylist()]
@@ -265,9 +326,26 @@ def test_lab_command_on_real_fineweb_parquet(tmp_path, tok):
 
 def test_module_runs_as_documented(tmp_path, prose):
     write_parquet(tmp_path / "in" / "x.parquet", prose[:5])
-    r = subprocess.run([sys.executable, "-m", "x1_pretrain.tokenize_data", "--input-dir", str(tmp_path / "in"),
-                        "--output-dir", str(tmp_path / "out"), "--tokenizer", "gpt2", "--val-fraction", "0.001",
-                        "--workers", "2"], capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "x1_pretrain.tokenize_data",
+            "--input-dir",
+            str(tmp_path / "in"),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            "gpt2",
+            "--val-fraction",
+            "0.001",
+            "--workers",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 0, r.stderr
     assert "train.bin" in r.stdout and "tokens" in r.stdout
 

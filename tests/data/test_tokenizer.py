@@ -153,7 +153,7 @@ def test_a_member_of_another_size_is_refused_before_it_is_read(tmp_path):
 
     def big(tar: tarfile.TarFile) -> None:
         member = tarfile.TarInfo(f"openai-whisper-20250625/{T.WHISPER_MEMBER}")
-        member.size = 4 << 20    # zeros compress to a few KB: the archive is small, the member is not
+        member.size = 4 << 20  # zeros compress to a few KB: the archive is small, the member is not
         tar.addfile(member, io.BytesIO(bytes(member.size)))
 
     with pytest.raises(TokenizerNotFound, match=r"is 4,194,304 bytes, expected 835,554; nothing was read"):

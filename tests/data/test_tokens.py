@@ -83,8 +83,11 @@ def test_validation_names_file_and_numbers(demo_data, tmp_path):
     ids = np.fromfile(d / "train.bin", dtype=np.uint16)
     ids[100] = 60000
     ids.tofile(d / "train.bin")
-    with pytest.raises(DataError, match=r"train\.bin: token id 60000 at token offset 100 \(byte 200\) is out of "
-                                        r"range for model\.vocab_size 50257"):
+    with pytest.raises(
+        DataError,
+        match=r"train\.bin: token id 60000 at token offset 100 \(byte 200\) is out of "
+        r"range for model\.vocab_size 50257",
+    ):
         open_token_data(d, 50257, 64)
     (d / "meta.json").unlink()
     with pytest.raises(DataError, match="not a finished tokenize_data output"):

@@ -16,8 +16,9 @@ from ..ckpt_utils import TINY_GPT2, random_model, write_checkpoint
 from .test_sets import arrow_bytes
 
 PIQA = [{"goal": f"Goal {i}", "sol1": "do this", "sol2": "do that instead", "label": i % 2} for i in range(10)]
-WINO = [{"sentence": f"Ann met Bo and _ smiled {i}.", "option1": "Ann", "option2": "Bo", "answer": "1"}
-        for i in range(6)]
+WINO = [
+    {"sentence": f"Ann met Bo and _ smiled {i}.", "option1": "Ann", "option2": "Bo", "answer": "1"} for i in range(6)
+]
 
 
 @pytest.fixture()
@@ -27,8 +28,11 @@ def local_sets(tmp_path, monkeypatch):
     data.mkdir()
     for name, blob in blobs.items():
         (data / f"{name}.arrow").write_bytes(blob)
-    monkeypatch.setattr(sets, "SETS", {k: replace(s, sha256=hashlib.sha256(blobs[k]).hexdigest())
-                                       if k in blobs else s for k, s in sets.SETS.items()})
+    monkeypatch.setattr(
+        sets,
+        "SETS",
+        {k: replace(s, sha256=hashlib.sha256(blobs[k]).hexdigest()) if k in blobs else s for k, s in sets.SETS.items()},
+    )
     return data
 
 
@@ -41,8 +45,22 @@ def ckpt(tmp_path_factory):
 
 def test_scores_a_checkpoint_dir_prints_the_table_and_writes_the_json(ckpt, local_sets, tmp_path, capsys):
     out = tmp_path / "results.json"
-    code = evaluate.main(["--checkpoint", str(ckpt), "--tasks", "piqa,winogrande", "--eval-data-dir",
-                          str(local_sets), "--limit", "8", "--batch-size", "3", "--output", str(out)])
+    code = evaluate.main(
+        [
+            "--checkpoint",
+            str(ckpt),
+            "--tasks",
+            "piqa,winogrande",
+            "--eval-data-dir",
+            str(local_sets),
+            "--limit",
+            "8",
+            "--batch-size",
+            "3",
+            "--output",
+            str(out),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0
     lines = printed.strip().splitlines()
@@ -55,20 +73,22 @@ def test_scores_a_checkpoint_dir_prints_the_table_and_writes_the_json(ckpt, loca
     assert piqa["n"] == 8 and 0 <= piqa["acc"] <= 1 and piqa["chance"] == 0.5
     assert piqa["split"] == "validation" and piqa["limit"] == 8
     wino = result["tasks"]["winogrande"]
-    assert wino["acc_norm"] is None and wino["n"] == 6 and wino["limit"] == 8   # n: scored, never the limit asked
+    assert wino["acc_norm"] is None and wino["n"] == 6 and wino["limit"] == 8  # n: scored, never the limit asked
     assert result["data_sha256"]["piqa"] == sets.SETS["piqa"].sha256
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--tasks", "piqa,mmlu"], "unknown task 'mmlu'; choose among"),
-    (["--tasks", "piqa", "--limit", "0"], "--limit 0: must be at least 1"),
-    (["--tasks", "piqa"], None),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tasks", "piqa,mmlu"], "unknown task 'mmlu'; choose among"),
+        (["--tasks", "piqa", "--limit", "0"], "--limit 0: must be at least 1"),
+        (["--tasks", "piqa"], None),
+    ],
+)
 def test_usage_mistakes_exit_2_with_the_fix(ckpt, local_sets, tmp_path, capsys, args, message):
     target = ckpt if message else tmp_path / "not-a-checkpoint"
     out = tmp_path / "r.json"
-    code = evaluate.main(["--checkpoint", str(target), "--eval-data-dir", str(local_sets), "--output", str(out),
-                          *args])
+    code = evaluate.main(["--checkpoint", str(target), "--eval-data-dir", str(local_sets), "--output", str(out), *args])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and not out.exists()
     assert (message or "not-a-checkpoint") in err

@@ -17,8 +17,24 @@ from x1_pretrain.model.transformer import Transformer
 
 from ..conftest import TINY
 
-WORDS = ["apple", "river", "stone", "cloud", "tiger", "lamp", "garden", "violin", "desert", "copper", "harbor",
-         "house", "candle", "rocket", "pepper", "window"]
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "tiger",
+    "lamp",
+    "garden",
+    "violin",
+    "desert",
+    "copper",
+    "harbor",
+    "house",
+    "candle",
+    "rocket",
+    "pepper",
+    "window",
+]
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +55,15 @@ def rows(n: int, seed: int = 0, split: bool = True) -> list[dict]:
             endings.insert(gold, rng.choice(WORDS[:8]))
         else:
             endings = rng.sample(WORDS, 4)
-        out.append({"activity_label": "Test", "ctx_a": f"Item {i} is about the", "ctx_b": "", "endings": endings,
-                    "label": str(gold)})
+        out.append(
+            {
+                "activity_label": "Test",
+                "ctx_a": f"Item {i} is about the",
+                "ctx_b": "",
+                "endings": endings,
+                "label": str(gold),
+            }
+        )
     return out
 
 
@@ -55,8 +78,9 @@ class Prefers(torch.nn.Module):
         self.lm_head = torch.nn.Linear(2, vocab, bias=False)
         self.lm_head.weight.data = head
 
-    def hidden(self, idx: torch.Tensor, positions: torch.Tensor | None = None,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(
+        self, idx: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         h = torch.zeros(*idx.shape, 2)
         h[..., 0] = 1.0
         return h
@@ -73,8 +97,11 @@ def test_a_model_that_prefers_the_gold_ending_scores_1(encode):
 
 
 def test_first_ending_preference_scores_the_share_of_gold_first_items(encode):
-    data = [dict(r, endings=["apple", *r["endings"][1:]]) for r in rows(60, seed=3, split=False)
-            if "apple" not in r["endings"][1:]]
+    data = [
+        dict(r, endings=["apple", *r["endings"][1:]])
+        for r in rows(60, seed=3, split=False)
+        if "apple" not in r["endings"][1:]
+    ]
     model = Prefers(set(encode(" apple")))
     got = score("hellaswag", tasks.items("hellaswag", data), Scorer(model, encode, batch_size=16))
     share = sum(r["label"] == "0" for r in data) / len(data)
@@ -97,7 +124,7 @@ def test_a_random_init_lands_near_chance_and_batch_size_changes_nothing(encode):
         assert lls[b] == pytest.approx(lls[1], abs=1e-4)
     scores = {b: score("hellaswag", items, Scorer(model, encode, batch_size=b)) for b in (1, 64)}
     assert scores[1].acc == scores[64].acc and scores[1].acc_norm == scores[64].acc_norm
-    assert abs(scores[1].acc - 0.25) < 0.12   # 200 items: chance +- 3.9 standard deviations
+    assert abs(scores[1].acc - 0.25) < 0.12  # 200 items: chance +- 3.9 standard deviations
 
 
 def test_a_context_longer_than_seq_len_is_cut_from_the_left_and_counted(encode):
@@ -121,9 +148,9 @@ def test_the_loglikelihood_is_the_sum_of_the_continuations_token_log_probabiliti
 
 def test_an_items_context_runs_once_and_gives_the_log_likelihoods_of_separate_rows(encode):
     model = tiny_model()
-    assert model.config.n_kv_head < model.config.n_head   # the packed rows go through grouped-query attention
+    assert model.config.n_kv_head < model.config.n_head  # the packed rows go through grouped-query attention
     data = rows(30, seed=7, split=False)
-    data[3] = dict(data[3], ctx_a="word " * 70)            # too long to pack in 64 tokens: scored row by row
+    data[3] = dict(data[3], ctx_a="word " * 70)  # too long to pack in 64 tokens: scored row by row
     items = tasks.items("hellaswag", data)
     reqs = [r for it in items for r in it.requests]
     shared = Scorer(model, encode, batch_size=8)
@@ -137,8 +164,12 @@ def test_an_items_context_runs_once_and_gives_the_log_likelihoods_of_separate_ro
 
 
 def test_winogrande_contexts_differ_so_each_option_is_its_own_row(encode):
-    row = {"sentence": "The trophy did not fit in the suitcase because _ was too big.", "option1": "the trophy",
-           "option2": "the suitcase", "answer": "1"}
+    row = {
+        "sentence": "The trophy did not fit in the suitcase because _ was too big.",
+        "option1": "the trophy",
+        "option2": "the suitcase",
+        "answer": "1",
+    }
     scorer = Scorer(tiny_model(), encode)
     got, _ = scorer._rows(list(tasks.items("winogrande", [row])[0].requests))
     assert [len(r.scored) for r in got] == [1, 1] and all(r.positions is None for r in got)

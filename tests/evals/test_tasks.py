@@ -8,42 +8,70 @@ from x1_pretrain.evals import sets, tasks
 from x1_pretrain.evals.score import encode_pair
 
 HELLASWAG_ROW = {
-    "activity_label": "Roof shingle removal", "ctx_a": "A man is sitting on a roof.", "ctx_b": "he",
-    "endings": ["is using wrap to wrap a pair of skis.", "is ripping level tiles off.",
-                "is holding a rubik's cube.", "starts pulling up roofing on a roof."], "label": "3"}
+    "activity_label": "Roof shingle removal",
+    "ctx_a": "A man is sitting on a roof.",
+    "ctx_b": "he",
+    "endings": [
+        "is using wrap to wrap a pair of skis.",
+        "is ripping level tiles off.",
+        "is holding a rubik's cube.",
+        "starts pulling up roofing on a roof.",
+    ],
+    "label": "3",
+}
 
 
 def test_hellaswag_query_endings_and_the_wikihow_clean_up():
     item = tasks.hellaswag(HELLASWAG_ROW)
-    assert item.requests[0] == ("Roof shingle removal: A man is sitting on a roof. He",
-                                " is using wrap to wrap a pair of skis.")
+    assert item.requests[0] == (
+        "Roof shingle removal: A man is sitting on a roof. He",
+        " is using wrap to wrap a pair of skis.",
+    )
     assert item.gold == 3 and item.choice_chars == tuple(len(e) for e in HELLASWAG_ROW["endings"])
-    wiki = {"activity_label": "Home and Garden", "ctx_a": "[header] How to plant a tree [title] Dig a hole.",
-            "ctx_b": "", "endings": ["[step] Water it  well.", "x", "y", "z"], "label": "0"}
+    wiki = {
+        "activity_label": "Home and Garden",
+        "ctx_a": "[header] How to plant a tree [title] Dig a hole.",
+        "ctx_b": "",
+        "endings": ["[step] Water it  well.", "x", "y", "z"],
+        "label": "0",
+    }
     item = tasks.hellaswag(wiki)
     # the harness strips before it drops "[step]": the ending keeps a leading space, and so does x1
     assert item.requests[0] == ("Home and Garden: How to plant a tree. Dig a hole.", "  Water it well.")
 
 
 def test_arc_and_piqa_ask_a_question_and_score_the_answers():
-    arc = {"question": "Which is a gas?", "answerKey": "C",
-           "choices": {"text": ["ice", "water", "steam"], "label": ["A", "B", "C"]}}
+    arc = {
+        "question": "Which is a gas?",
+        "answerKey": "C",
+        "choices": {"text": ["ice", "water", "steam"], "label": ["A", "B", "C"]},
+    }
     item = tasks.arc(arc)
-    assert item.requests == (("Question: Which is a gas?\nAnswer:", " ice"), ("Question: Which is a gas?\nAnswer:",
-                                                                            " water"),
-                             ("Question: Which is a gas?\nAnswer:", " steam"))
-    assert item.gold == 2 and tasks.arc({**arc, "answerKey": "1", "choices": {"text": ["a", "b"],
-                                                                               "label": ["1", "2"]}}).gold == 0
+    assert item.requests == (
+        ("Question: Which is a gas?\nAnswer:", " ice"),
+        ("Question: Which is a gas?\nAnswer:", " water"),
+        ("Question: Which is a gas?\nAnswer:", " steam"),
+    )
+    assert (
+        item.gold == 2
+        and tasks.arc({**arc, "answerKey": "1", "choices": {"text": ["a", "b"], "label": ["1", "2"]}}).gold == 0
+    )
     item = tasks.piqa({"goal": "Open a jar", "sol1": "twist the lid", "sol2": "bite it", "label": 0})
     assert item.requests[1] == ("Question: Open a jar\nAnswer:", " bite it") and item.gold == 0
 
 
 def test_winogrande_scores_the_rest_of_the_sentence_after_each_option():
-    row = {"sentence": "Sarah was a much better surgeon than Maria so _ always got the easier cases.",
-           "option1": "Sarah", "option2": "Maria", "answer": "2"}
+    row = {
+        "sentence": "Sarah was a much better surgeon than Maria so _ always got the easier cases.",
+        "option1": "Sarah",
+        "option2": "Maria",
+        "answer": "2",
+    }
     item = tasks.winogrande(row)
-    assert item.requests == (("Sarah was a much better surgeon than Maria so Sarah", " always got the easier cases."),
-                             ("Sarah was a much better surgeon than Maria so Maria", " always got the easier cases."))
+    assert item.requests == (
+        ("Sarah was a much better surgeon than Maria so Sarah", " always got the easier cases."),
+        ("Sarah was a much better surgeon than Maria so Maria", " always got the easier cases."),
+    )
     assert item.gold == 1 and not tasks.HAS_ACC_NORM["winogrande"]
 
 

@@ -23,31 +23,41 @@ def test_counts_match_a_real_model():
     model = Transformer(m)
     assert sum(t.numel() for t in state_dict_for_saving(model).values()) == param_counts(m).all_tensors
     padding = (padded_vocab(m) - m.vocab_size) * m.d_model
-    assert padding == 12 * 48   # 500 -> 512 rows
+    assert padding == 12 * 48  # 500 -> 512 rows
     assert sum(p.numel() for p in model.parameters()) == param_counts(m).all_tensors + padding
     for fused in (False, True):
-        untied = ModelConfig(n_layer=1, d_model=16, n_head=2, n_kv_head=1, d_ff=32, seq_len=8, vocab_size=50,
-                             tie_embeddings=False, vocab_pad_multiple=1, fused_projections=fused)
+        untied = ModelConfig(
+            n_layer=1,
+            d_model=16,
+            n_head=2,
+            n_kv_head=1,
+            d_ff=32,
+            seq_len=8,
+            vocab_size=50,
+            tie_embeddings=False,
+            vocab_pad_multiple=1,
+            fused_projections=fused,
+        )
         assert sum(p.numel() for p in Transformer(untied).parameters()) == param_counts(untied).all_tensors
 
 
 def test_flops_match_the_errata():
     f = flops_per_token(Config().model)
-    assert f.honest == 609_071_616            # ≈ 6.09e8 (ERRATA 1)
+    assert f.honest == 609_071_616  # ≈ 6.09e8 (ERRATA 1)
     assert f.lab_6n == 6 * 50_331_648
     tps = 0.48 * 312e12 / f.honest
-    assert round(tps / 1000) == 246           # ≈ 246k tokens/s on an A100 at MFU 0.48
+    assert round(tps / 1000) == 246  # ≈ 246k tokens/s on an A100 at MFU 0.48
     assert round(0.48 * 989e12 / f.honest / 1000) == 779
     assert math.isclose(mfu(tps, f.honest, 312.0), 0.48)
 
 
 def test_peak_table_and_override():
     assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
-    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0      # what torch calls the SXM part
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == 989.0  # what torch calls the SXM part
     assert peak_tflops("NVIDIA H100 PCIe") == 756.0 and peak_tflops("NVIDIA H100 NVL") == 835.0
     assert peak_tflops("NVIDIA H200") == 989.0 and peak_tflops("NVIDIA GH200 480GB") == 989.0
     assert peak_tflops("NVIDIA L40S") == 362.0 and peak_tflops("NVIDIA L4") == 121.0
-    peak, why = device_peak("NVIDIA H100")                     # which H100? the name does not say
+    peak, why = device_peak("NVIDIA H100")  # which H100? the name does not say
     assert peak is None and "989 SXM, 756 PCIe, 835 NVL" in why
     assert device_peak("Some Future GPU")[0] is None and "not in the peak table" in device_peak("Some Future GPU")[1]
     assert peak_tflops("cpu") is None

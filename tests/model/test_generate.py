@@ -69,8 +69,21 @@ def test_stops_at_eot_and_masks_undecodable_ids():
 
 def test_cli_prints_prompt_and_continuation_deterministically(ckpt, capsys):
     ckpt_dir, _ = ckpt
-    argv = ["--checkpoint", str(ckpt_dir), "--prompt", "The end of the", "--max-new-tokens", "6", "--seed", "3",
-            "--ignore-eot", "--num-samples", "2", "--device", "cpu"]
+    argv = [
+        "--checkpoint",
+        str(ckpt_dir),
+        "--prompt",
+        "The end of the",
+        "--max-new-tokens",
+        "6",
+        "--seed",
+        "3",
+        "--ignore-eot",
+        "--num-samples",
+        "2",
+        "--device",
+        "cpu",
+    ]
     assert main(argv) == 0
     first = capsys.readouterr()
     assert main(argv) == 0
@@ -81,9 +94,14 @@ def test_cli_prints_prompt_and_continuation_deterministically(ckpt, capsys):
     assert "step 7" in first.err and "seed 3" in first.err
 
 
-@pytest.mark.parametrize("flag, value, match", [("--temperature", "-1", "--temperature -1.0: must be >= 0"),
-                                                ("--max-new-tokens", "0", "--max-new-tokens 0"),
-                                                ("--prompt", "Zyzzyva quantum", "outside this model's vocabulary")])
+@pytest.mark.parametrize(
+    "flag, value, match",
+    [
+        ("--temperature", "-1", "--temperature -1.0: must be >= 0"),
+        ("--max-new-tokens", "0", "--max-new-tokens 0"),
+        ("--prompt", "Zyzzyva quantum", "outside this model's vocabulary"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_the_flag_named(ckpt, capsys, flag, value, match):
     ckpt_dir, _ = ckpt
     assert main(["--checkpoint", str(ckpt_dir), flag, value]) == 2

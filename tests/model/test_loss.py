@@ -20,7 +20,7 @@ def inputs(n=96, c=32, vocab=300, rows=384, seed=0):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(n, c, generator=g, requires_grad=True)
     w = torch.randn(rows, c, generator=g) * 0.5
-    w[vocab:] = torch.randn(rows - vocab, c, generator=g) * 3   # padding rows that would win if they counted
+    w[vocab:] = torch.randn(rows - vocab, c, generator=g) * 3  # padding rows that would win if they counted
     w.requires_grad_(True)
     return h, w, torch.randint(0, vocab, (n,), generator=g)
 
@@ -38,13 +38,13 @@ def path(request, monkeypatch):
 def test_value_and_gradients_equal_the_plain_cross_entropy(chunk, path):
     h, w, y = inputs()
     ref = plain(h, w, y, 300)
-    gh, gw = torch.autograd.grad(ref * 2.5, (h, w))     # a non-unit upstream gradient (accumulation scales it)
+    gh, gw = torch.autograd.grad(ref * 2.5, (h, w))  # a non-unit upstream gradient (accumulation scales it)
     ours = linear_cross_entropy(h, w, y, 300, chunk_tokens=chunk)
     oh, ow = torch.autograd.grad(ours * 2.5, (h, w))
     torch.testing.assert_close(ours, ref, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(oh, gh, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(ow, gw, atol=1e-6, rtol=1e-5)
-    assert torch.all(ow[300:] == 0)           # padding rows: no probability, so no gradient
+    assert torch.all(ow[300:] == 0)  # padding rows: no probability, so no gradient
 
 
 def test_batched_hidden_states_and_eval_without_gradients(path):
@@ -90,7 +90,7 @@ def test_no_buffer_of_all_tokens_by_vocab_survives_the_forward():
 def test_compiled_gradients_equal_eager_ones(tmp_path, monkeypatch):
     """Inductor on the CPU compiles the loss as the trainer's torch.compile does (a small head and chunking that
     splits the tokens unevenly): the value and both gradients equal the eager ones, and the plain route's."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))   # a cold, private cache
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # a cold, private cache
     import torch._dynamo
 
     def loss_of(h, w, y):

@@ -28,15 +28,17 @@ def test_sdpa_path_matches_naive_reference(kv):
     q = torch.randn(2, 40, 6, 16)
     k = torch.randn(2, 40, kv, 16)
     v = torch.randn(2, 40, kv, 16)
-    torch.testing.assert_close(causal_attention(q, k, v, use_flash=False), attention_reference(q, k, v),
-                               atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        causal_attention(q, k, v, use_flash=False), attention_reference(q, k, v), atol=2e-5, rtol=1e-4
+    )
 
 
 def test_flash_request_without_cuda_uses_sdpa_and_matches():
     torch.manual_seed(1)
     q, k, v = torch.randn(1, 8, 4, 8), torch.randn(1, 8, 2, 8), torch.randn(1, 8, 2, 8)
-    torch.testing.assert_close(causal_attention(q, k, v, use_flash=True), attention_reference(q, k, v),
-                               atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(
+        causal_attention(q, k, v, use_flash=True), attention_reference(q, k, v), atol=2e-5, rtol=1e-4
+    )
 
 
 @pytest.mark.gpu
@@ -46,8 +48,9 @@ def test_flash_path_matches_reference_on_gpu():
     q = torch.randn(2, 64, 12, 64, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 64, 4, 64, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, 64, 4, 64, device="cuda", dtype=torch.bfloat16)
-    torch.testing.assert_close(causal_attention(q, k, v, use_flash=True).float(),
-                               attention_reference(q, k, v).float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        causal_attention(q, k, v, use_flash=True).float(), attention_reference(q, k, v).float(), atol=2e-2, rtol=2e-2
+    )
 
 
 def test_attention_is_causal():
@@ -79,17 +82,24 @@ def test_tied_embedding_and_names_follow_llama():
     assert model.lm_head.weight is model.model.embed_tokens.weight
     names = set(state_dict_for_saving(model))
     assert "lm_head.weight" not in names
-    for n in ["model.embed_tokens.weight", "model.norm.weight", "model.layers.1.self_attn.q_proj.weight",
-              "model.layers.0.self_attn.k_proj.weight", "model.layers.0.mlp.gate_proj.weight",
-              "model.layers.0.mlp.down_proj.weight", "model.layers.0.input_layernorm.weight",
-              "model.layers.0.post_attention_layernorm.weight"]:
+    for n in [
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+    ]:
         assert n in names, n
 
 
 def test_init_std():
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(n_layer=1, d_model=256, n_head=4, n_kv_head=2, d_ff=512, seq_len=8,
-                                    vocab_size=4000))
+    model = Transformer(
+        ModelConfig(n_layer=1, d_model=256, n_head=4, n_kv_head=2, d_ff=512, seq_len=8, vocab_size=4000)
+    )
     assert abs(model.model.embed_tokens.weight.std().item() - 0.02) < 1e-3
     assert torch.all(model.model.norm.weight == 1)
 
@@ -102,8 +112,9 @@ def test_loss_at_init_is_near_log_vocab():
     assert abs(loss - torch.log(torch.tensor(1000.0)).item()) < 0.3
 
 
-@pytest.mark.parametrize("variant", [{}, {"fused_projections": True}, {"tie_embeddings": False},
-                                     {"vocab_pad_multiple": 1}])
+@pytest.mark.parametrize(
+    "variant", [{}, {"fused_projections": True}, {"tie_embeddings": False}, {"vocab_pad_multiple": 1}]
+)
 def test_same_logits_and_loss_as_transformers_llama(variant):
     """Padding (1000 -> 1024 rows here), fused projections and an untied head change tensors inside the model
     only: the saved weights load into transformers' Llama, the logits match, and the one-pass loss equals the
@@ -124,8 +135,9 @@ def test_same_logits_and_loss_as_transformers_llama(variant):
     with torch.no_grad():
         theirs = hf(idx).logits
         torch.testing.assert_close(ours(idx), theirs, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(ours(idx, y), F.cross_entropy(theirs.reshape(-1, 1000), y.reshape(-1)),
-                                   atol=1e-5, rtol=1e-6)
+        torch.testing.assert_close(
+            ours(idx, y), F.cross_entropy(theirs.reshape(-1, 1000), y.reshape(-1)), atol=1e-5, rtol=1e-6
+        )
 
 
 def test_padding_and_fused_projections_change_nothing_a_user_sees():
@@ -151,10 +163,12 @@ def test_padding_and_fused_projections_change_nothing_a_user_sees():
         assert torch.equal(padded(idx), models["plain"](idx))
         torch.testing.assert_close(models["fused"](idx), models["plain"](idx), atol=1e-5, rtol=1e-5)
     again = Transformer(dataclasses.replace(SMALL, fused_projections=True))
-    again.load_state_dict(plain, strict=True)   # Llama names into the fused layout
+    again.load_state_dict(plain, strict=True)  # Llama names into the fused layout
     assert all(torch.equal(again.state_dict()[k], plain[k]) for k in plain)
-    assert not hasattr(again.model.layers[0].self_attn, "q_proj") and "fused" in dict(again.named_modules())[
-        "model.layers.0.self_attn"]._modules
+    assert (
+        not hasattr(again.model.layers[0].self_attn, "q_proj")
+        and "fused" in dict(again.named_modules())["model.layers.0.self_attn"]._modules
+    )
 
 
 def test_padding_rows_never_learn():

@@ -81,8 +81,10 @@ def test_manifest_fields_are_present_and_true(built, mlflow_run):
     assert m["loss"]["final_val"] == val[STEPS] == state["last_val_loss"] and m["loss"]["final_val_step"] == STEPS
     assert m["loss"]["final_train"] == train[STEPS]
     t = m["throughput"]
-    assert t["flops_per_token"] == {"honest": flops.flops_per_token(cfg.model).honest,
-                                    "lab_6n": flops.flops_per_token(cfg.model).lab_6n}
+    assert t["flops_per_token"] == {
+        "honest": flops.flops_per_token(cfg.model).honest,
+        "lab_6n": flops.flops_per_token(cfg.model).lab_6n,
+    }
     assert t["mean_tokens_per_s"] == pytest.approx(p["tokens"] / p["train_time_s"])
     assert t["mfu"] is None and "MFU not reported" in t["mfu_note"] and t["accounting"].startswith("honest")
     fw = m["final_weights"]
@@ -195,8 +197,20 @@ def test_moved_checkpoints_and_reexport_keep_the_users_files(built, tmp_path, ca
     (out / "spike-postmortem.md").write_text("# Spike at step 12000\n")
     code, err = export(capsys, "--mlflow-uri", built.uri, "--output", str(out), "--ckpt-dir", str(moved))
     assert code == EXIT_USAGE and "--overwrite" in err
-    code, err = export(capsys, "--mlflow-uri", built.uri, "--output", str(out), "--ckpt-dir", str(moved),
-                       "--overwrite", "--spent-usd", "0", "--provider", "local")
+    code, err = export(
+        capsys,
+        "--mlflow-uri",
+        built.uri,
+        "--output",
+        str(out),
+        "--ckpt-dir",
+        str(moved),
+        "--overwrite",
+        "--spent-usd",
+        "0",
+        "--provider",
+        "local",
+    )
     assert code == 0, err
     m = read_manifest(out)
     assert m["dollars"]["spent_usd"] == 0 and "--spent-usd" in m["dollars"]["source"]
@@ -225,7 +239,7 @@ def final_of(ckpt_dir: Path, step: str = "step_0000006") -> manifest.FinalCheckp
 
 def test_budget_falls_back_to_the_checkpoint_snapshot(built, tmp_path, capsys):
     run = runs.load_run(built.uri)
-    alone = tmp_path / "ckpt"                              # the step dir without the guard's ledger beside it
+    alone = tmp_path / "ckpt"  # the step dir without the guard's ledger beside it
     shutil.copytree(built.ckpt / "step_0000006", alone / "step_0000006")
     run.tags["budget_curr_cost_uri"] = str(built.root / "gone.json")
     dollars, _ = manifest._dollars(run, final_of(alone), None, None)
@@ -236,13 +250,23 @@ def test_budget_falls_back_to_the_checkpoint_snapshot(built, tmp_path, capsys):
         manifest._dollars(run, final_of(alone), None, str(built.root / "gone.json"))
 
 
-def test_dollars_come_from_the_ledger_and_a_budget_json_older_than_the_run_is_not_used_silently(built, tmp_path,
-                                                                                                 capsys):
+def test_dollars_come_from_the_ledger_and_a_budget_json_older_than_the_run_is_not_used_silently(
+    built, tmp_path, capsys
+):
     run = runs.load_run(built.uri)
     ledger = json.loads((built.ckpt / "budget_ledger.json").read_text())["memory"]
-    old = tmp_path / "budget.json"          # a sidecar that died an hour before the run ended, with a higher bill
-    old.write_text(json.dumps({"spent_usd": 99.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 9, "projected_total_usd": 99,
-                               "last_update_utc": "2020-01-01T00:00:00Z"}))
+    old = tmp_path / "budget.json"  # a sidecar that died an hour before the run ended, with a higher bill
+    old.write_text(
+        json.dumps(
+            {
+                "spent_usd": 99.0,
+                "rate_usd_per_hr": 1.1,
+                "hours_elapsed": 9,
+                "projected_total_usd": 99,
+                "last_update_utc": "2020-01-01T00:00:00Z",
+            }
+        )
+    )
     run.tags["budget_curr_cost_uri"] = str(old)
     dollars, _ = manifest._dollars(run, final_of(built.ckpt), None, None)
     assert dollars["spent_usd"] == ledger["spent_usd"] and dollars["counted_at_utc"] == ledger["spent_at_utc"]
@@ -256,8 +280,11 @@ def test_dollars_come_from_the_ledger_and_a_budget_json_older_than_the_run_is_no
 
 
 def test_dedupe_keeps_the_replayed_point():
-    pts = [runs.MetricPoint("train/loss", 5, 2.0, 100), runs.MetricPoint("train/loss", 5, 2.5, 200),
-           runs.MetricPoint("val/loss", 4, 3.0, 150)]
+    pts = [
+        runs.MetricPoint("train/loss", 5, 2.0, 100),
+        runs.MetricPoint("train/loss", 5, 2.5, 200),
+        runs.MetricPoint("val/loss", 4, 3.0, 150),
+    ]
     kept, dropped = runs.dedupe(pts)
     assert dropped == 1 and [(p.name, p.step, p.value) for p in kept] == [("val/loss", 4, 3.0), ("train/loss", 5, 2.5)]
 
@@ -284,7 +311,8 @@ def test_a_symlink_beside_the_bundle_is_kept_as_a_link_never_followed(tmp_path):
     assert (out / "notes.md").read_text() == "mine\n"
     for link in (out / "key.txt", out / "linked-dir", out / "sub" / "inner-link"):
         assert link.is_symlink(), link
-    copied = [Path(root) / n for root, _, names in os.walk(out) for n in names
-              if not (Path(root) / n).is_symlink()]   # os.walk does not follow links
+    copied = [
+        Path(root) / n for root, _, names in os.walk(out) for n in names if not (Path(root) / n).is_symlink()
+    ]  # os.walk does not follow links
     assert sorted(p.name for p in copied) == ["manifest.json", "notes.md"]
     assert all("PRIVATE-KEY" not in p.read_text() for p in copied)

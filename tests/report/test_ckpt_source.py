@@ -60,8 +60,10 @@ def test_lone_final_safetensors_needs_config(ckpt, tmp_path):
 
 def test_wrong_config_is_named(ckpt, tmp_path):
     ckpt_dir, _ = ckpt
-    cfg = write_config_yaml(tmp_path / "c.yaml", ModelConfig(n_layer=1, d_model=64, n_head=4, n_kv_head=2, d_ff=48,
-                                                             seq_len=16, vocab_size=1000))
+    cfg = write_config_yaml(
+        tmp_path / "c.yaml",
+        ModelConfig(n_layer=1, d_model=64, n_head=4, n_kv_head=2, d_ff=48, seq_len=16, vocab_size=1000),
+    )
     with pytest.raises(X1Error, match=r"do not fit the model config from .*c\.yaml.*size mismatch"):
         load_model(resolve(ckpt_dir, cfg))
 
@@ -74,8 +76,10 @@ def test_incomplete_step_dir_is_refused(ckpt, tmp_path):
         resolve(tmp_path / "step_0000003")
 
 
-@pytest.mark.parametrize("name, match", [("missing", "no such file"), ("notes.txt", "must be a .safetensors"),
-                                         ("empty", "no complete step_NNNNNNN")])
+@pytest.mark.parametrize(
+    "name, match",
+    [("missing", "no such file"), ("notes.txt", "must be a .safetensors"), ("empty", "no complete step_NNNNNNN")],
+)
 def test_bad_paths(tmp_path, name, match):
     (tmp_path / "notes.txt").write_text("x")
     (tmp_path / "empty").mkdir()

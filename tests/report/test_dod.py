@@ -75,12 +75,15 @@ def test_missing_manifest_fails_the_checks_that_need_it(run_dir, capsys):
     assert "does not say which checkpoint" in checks[3]["evidence"]
 
 
-@pytest.mark.parametrize(("edit", "names"), [
-    (lambda m: m.pop("seed"), "seed"),
-    (lambda m: m["versions"].pop("torch"), "versions"),
-    (lambda m: m.update(cluster={}), "cluster"),
-    (lambda m: m["dollars"].update(spent_usd=None, source="the run had no budget guard"), "dollars.spent_usd"),
-])
+@pytest.mark.parametrize(
+    ("edit", "names"),
+    [
+        (lambda m: m.pop("seed"), "seed"),
+        (lambda m: m["versions"].pop("torch"), "versions"),
+        (lambda m: m.update(cluster={}), "cluster"),
+        (lambda m: m["dollars"].update(spent_usd=None, source="the run had no budget guard"), "dollars.spent_usd"),
+    ],
+)
 def test_manifest_without_a_lab_field_fails_naming_it(run_dir, capsys, edit, names):
     edit_manifest(run_dir, edit)
     code, checks = check(capsys, run_dir, *PASSING)
@@ -111,9 +114,9 @@ def test_weights_that_resave_differently_fail(run_dir, capsys):
     path = run_dir / "final.safetensors"
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
-    header = json.dumps(json.loads(raw[8:8 + n]), indent=2).encode()
+    header = json.dumps(json.loads(raw[8 : 8 + n]), indent=2).encode()
     header += b" " * (-len(header) % 8)
-    path.write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + n:])
+    path.write_bytes(struct.pack("<Q", len(header)) + header + raw[8 + n :])
     code, checks = check(capsys, run_dir, *PASSING)
     assert code == dod.EXIT_FAILED and failing(checks) == {3} and "gives other bytes" in checks[3]["evidence"]
 
@@ -165,9 +168,16 @@ def test_usage_mistakes_exit_2(tmp_path, capsys):
 def test_notes_give_the_task_scores_and_what_the_band_means_for_the_tokens_trained():
     from x1_pretrain.report.dod import notes
 
-    m = {"evals": {"tasks": {"hellaswag": {"acc": 0.2931, "acc_norm": 0.3104, "n": 10042, "step": 33766},
-                             "winogrande": {"acc": 0.51, "acc_norm": None, "n": 1267, "step": 33766}}},
-         "progress": {"tokens": 33766 * 524288}, "parameters": {"non_embedding": 50_331_648}}
+    m = {
+        "evals": {
+            "tasks": {
+                "hellaswag": {"acc": 0.2931, "acc_norm": 0.3104, "n": 10042, "step": 33766},
+                "winogrande": {"acc": 0.51, "acc_norm": None, "n": 1267, "step": 33766},
+            }
+        },
+        "progress": {"tokens": 33766 * 524288},
+        "parameters": {"non_embedding": 50_331_648},
+    }
     scores, band = notes(m, (3.20, 3.50))
     assert "hellaswag acc 0.2931, acc_norm 0.3104 (n=10042, step 33766)" in scores
     assert "winogrande acc 0.5100 (n=1267, step 33766)" in scores and "not a check" in scores
@@ -175,5 +185,6 @@ def test_notes_give_the_task_scores_and_what_the_band_means_for_the_tokens_train
     assert "this run trained 17.70B tokens, for which plan predicts 3.22" in band and "inside the band" in band
     assert "(44.0B tokens; plan predicts 3.10 there)" in band
     assert notes({"progress": {"tokens": 1e6}, "parameters": {"non_embedding": 1e5}}, (3.2, 3.5))[0].endswith(
-        "not a fault of the run")
+        "not a fault of the run"
+    )
     assert notes(None, (3.2, 3.5)) == []

@@ -13,8 +13,13 @@ from x1_pretrain.training import checkpoint as ck
 from ..ckpt_utils import SMALL_VOCAB, TINY_GPT2, random_model, write_checkpoint, write_config_yaml
 from ..conftest import shared_path
 
-TEXTS = ["Hello world", "¡Hola, mundo! ¿Cómo estás? naïve café", "emoji 😀🎉👩‍👩‍👧 and CJK 日本語のテキスト",
-         "  leading, trailing  and\ttabs\n\n  new lines \n", "don't we'll they've 1234567 3.14 x=y+z;"]
+TEXTS = [
+    "Hello world",
+    "¡Hola, mundo! ¿Cómo estás? naïve café",
+    "emoji 😀🎉👩‍👩‍👧 and CJK 日本語のテキスト",
+    "  leading, trailing  and\ttabs\n\n  new lines \n",
+    "don't we'll they've 1234567 3.14 x=y+z;",
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +34,16 @@ def exported(tmp_path_factory):
 def test_folder_contents(exported):
     out, _ = exported
     names = {p.name for p in out.iterdir()}
-    assert names == {"config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
-                     "tokenizer_config.json", "special_tokens_map.json", "x1_export.json"}
+    assert names == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "x1_export.json",
+    }
     assert not list(out.parent.glob(".hf.tmp-*"))
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["torch_dtype"] == "float32" and cfg["rope_theta"] == 500.0
@@ -52,9 +65,9 @@ def test_transformers_loads_llama_with_the_same_logits(exported):
         torch.testing.assert_close(hf(idx).logits, model(idx), atol=1e-5, rtol=1e-5)
     # generate() works and greedy decoding agrees with x1's own sampler
     prompt = [50256, 464, 3290]
-    out_ids = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):].tolist()
+    out_ids = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt) :].tolist()
     ours = generate(model, prompt, Sampling(8, stop_id=50256))
-    assert out_ids[:len(ours)] == ours and len(ours) > 0
+    assert out_ids[: len(ours)] == ours and len(ours) > 0
 
 
 def test_autotokenizer_gives_tiktokens_ids(exported, tok):
@@ -94,8 +107,16 @@ def test_missing_tokenizer_file_still_exports_the_model(exported, tmp_path, monk
     monkeypatch.setenv("X1_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.delenv("X1_TOKENIZER_FILE", raising=False)
     ckpt_dir = exported[0].parent / "ckpt"
-    code = main(["--checkpoint", str(ckpt_dir), "--output", str(tmp_path / "hf"),
-                 "--tokenizer-file", str(tmp_path / "nope.tiktoken")])
+    code = main(
+        [
+            "--checkpoint",
+            str(ckpt_dir),
+            "--output",
+            str(tmp_path / "hf"),
+            "--tokenizer-file",
+            str(tmp_path / "nope.tiktoken"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 0 and "WITHOUT tokenizer files" in err and "tokenizer fetch" in err
     assert (tmp_path / "hf" / "model.safetensors").is_file() and not (tmp_path / "hf" / "vocab.json").exists()

@@ -20,8 +20,19 @@ LOOP = ["FirstStepTiming", "EvalCadence", "ValLog", "ThroughputFloor", "Checkpoi
 
 
 def built_for(tmp_path, data, *flags: str) -> tuple[Built, list[str]]:
-    args = build_parser().parse_args(["--config", str(TINY), "--data-dir", str(data), "--ckpt-dir",
-                                      str(tmp_path / "c"), "--no-compile", *FAST, *flags])
+    args = build_parser().parse_args(
+        [
+            "--config",
+            str(TINY),
+            "--data-dir",
+            str(data),
+            "--ckpt-dir",
+            str(tmp_path / "c"),
+            "--no-compile",
+            *FAST,
+            *flags,
+        ]
+    )
     opts = options_from(args)
     cfg = C.load(opts.config, opts.overrides, list(opts.sets))
     log: list[str] = []
@@ -36,12 +47,13 @@ def close(built: Built) -> None:
 
 
 def test_the_run_is_assembled_from_the_config_with_its_callbacks_in_order(demo_data, tmp_path):
-    built, log = built_for(tmp_path, demo_data, "--total-steps", "6", "--inject-spike-at-step", "3",
-                           "--set", "train.eval_batches=3")
+    built, log = built_for(
+        tmp_path, demo_data, "--total-steps", "6", "--inject-spike-at-step", "3", "--set", "train.eval_batches=3"
+    )
     try:
         run = built.run
         assert [type(cb).__name__ for cb in run.callbacks] == [*LOOP, "ProgressFile", "SpikeWatch"]
-        assert built.guard is None                        # no cap: no budget guard
+        assert built.guard is None  # no cap: no budget guard
         spike = run.callbacks[-1]
         assert spike.injector is not None and spike.injector.schedule.at_step == 3
         assert len(run.val_batches) == 3 and all(x.shape == (8, 32) for x, _ in run.val_batches)
@@ -51,8 +63,13 @@ def test_the_run_is_assembled_from_the_config_with_its_callbacks_in_order(demo_d
         assert state["config"] == run.cfg.to_dict() and state["config_sha256"] == run.cfg.sha256()
         assert state["data_identity"] == built.data.identity and state["mlflow_run_id"] == built.tracker.run_id
         assert state["step"] == 2 and state["spike"]["injection_cancelled"] is None and state["budget_guard"] is None
-        assert state["data_position"] == {"next_step": 2, "seed": 42, "chunks_per_step": 2, "micro_batch_size": 8,
-                                          "epoch": built.sampler.epoch_of(2)}
+        assert state["data_position"] == {
+            "next_step": 2,
+            "seed": 42,
+            "chunks_per_step": 2,
+            "micro_batch_size": 8,
+            "epoch": built.sampler.epoch_of(2),
+        }
     finally:
         close(built)
 
@@ -65,10 +82,26 @@ def test_a_cap_adds_the_budget_guard_last(demo_data, tmp_path):
     from x1_pretrain.training.budget_control import BudgetControl, BudgetSetup
     from x1_pretrain.training.session import budget_limits
 
-    opts = options_from(build_parser().parse_args(["--config", str(TINY), "--data-dir", str(demo_data),
-                                                   "--ckpt-dir", str(tmp_path / "g"), "--no-compile", *FAST,
-                                                   "--budget-cap-usd", "9", "--budget-alert-usd", "8",
-                                                   "--budget-curr-cost-uri", str(budget)]))
+    opts = options_from(
+        build_parser().parse_args(
+            [
+                "--config",
+                str(TINY),
+                "--data-dir",
+                str(demo_data),
+                "--ckpt-dir",
+                str(tmp_path / "g"),
+                "--no-compile",
+                *FAST,
+                "--budget-cap-usd",
+                "9",
+                "--budget-alert-usd",
+                "8",
+                "--budget-curr-cost-uri",
+                str(budget),
+            ]
+        )
+    )
     cfg = C.load(opts.config, opts.overrides, list(opts.sets))
     limits = budget_limits(opts, cfg.budget)
     assert limits is not None and limits.cap_usd == 9.0

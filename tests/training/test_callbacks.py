@@ -33,11 +33,15 @@ def test_checkpoints_follow_the_cadence_and_a_sigusr1_is_served_at_its_boundary(
     run.cfg = replace(run.cfg, checkpoint=replace(run.cfg.checkpoint, every_steps=4))
     outcome = train_loop(run, LoopState())
     assert outcome.exit_code == 0
-    assert run.checkpointer.saved == [(3, "requested (SIGUSR1)", False), (4, "periodic", False),
-                                      (8, "periodic", False), (10, "final", True)]
+    assert run.checkpointer.saved == [
+        (3, "requested (SIGUSR1)", False),
+        (4, "periodic", False),
+        (8, "periodic", False),
+        (10, "final", True),
+    ]
     assert run.stop.checkpoint_now is False
     vals = [line for line in run.console if "val loss" in line]
-    assert [int(v.split()[1]) for v in vals] == [0, 10]   # eval_every 12: the start and the end only
+    assert [int(v.split()[1]) for v in vals] == [0, 10]  # eval_every 12: the start and the end only
 
 
 def test_a_stop_by_signal_checkpoints_and_says_how_long_it_took():
@@ -66,7 +70,7 @@ def test_the_floor_ends_the_run_in_its_window_and_later_callbacks_are_not_asked(
     assert any(isinstance(cb, ThroughputFloor) for cb in run.callbacks)
     outcome = train_loop(run, LoopState())
     assert outcome.exit_code == EXIT_SLOW and run.checkpointer.saved[-1][2] is True
-    assert asked.steps == list(range(1, outcome.step))   # not asked at the step the floor ended the run
+    assert asked.steps == list(range(1, outcome.step))  # not asked at the step the floor ended the run
 
 
 def test_the_progress_file_is_written_after_each_checkpoint(tmp_path):

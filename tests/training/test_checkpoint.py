@@ -32,9 +32,9 @@ def test_write_verify_and_skip_damaged(tmp_path):
         path, size = ck.write_step_dir(tmp_path, snapshot(step, model))
         assert size > 0 and (path / "DONE").is_file()
     assert ck.read_latest(tmp_path) == "step_0000030"
-    (tmp_path / "step_0000030" / "DONE").unlink()             # interrupted write
+    (tmp_path / "step_0000030" / "DONE").unlink()  # interrupted write
     raw = bytearray((tmp_path / "step_0000020" / "model.safetensors").read_bytes())
-    raw[-1] ^= 0xFF                                             # bit rot
+    raw[-1] ^= 0xFF  # bit rot
     (tmp_path / "step_0000020" / "model.safetensors").write_bytes(bytes(raw))
     warnings: list[str] = []
     found = ck.find_latest_complete(tmp_path, warnings.append)
@@ -51,8 +51,12 @@ def test_keep_last_k_plus_pinned(tmp_path):
         if step == 2:
             (tmp_path / "step_0000002" / "PIN").touch()
     ck.prune(tmp_path, keep_last=3)
-    assert [p.name for _, p in ck.list_step_dirs(tmp_path)] == ["step_0000002", "step_0000004", "step_0000005",
-                                                                 "step_0000006"]
+    assert [p.name for _, p in ck.list_step_dirs(tmp_path)] == [
+        "step_0000002",
+        "step_0000004",
+        "step_0000005",
+        "step_0000006",
+    ]
 
 
 def test_round_trip_is_byte_identical_and_loads_in_safetensors(tmp_path):
@@ -89,15 +93,19 @@ def test_optimizer_state_is_safetensors_plus_json_and_comes_back_bit_for_bit(tmp
     model = Transformer(SMALL)
     snap = snapshot(5, model)
     path, _ = ck.write_step_dir(tmp_path, snap)
-    assert sorted(p.name for p in path.iterdir()) == ["DONE", "model.safetensors", "optimizer.json",
-                                                      "optimizer.safetensors", "trainer_state.json"]
-    assert b"\x80\x02" not in (path / ck.OPTIM_FILE).read_bytes()[:16]   # not a pickle
+    assert sorted(p.name for p in path.iterdir()) == [
+        "DONE",
+        "model.safetensors",
+        "optimizer.json",
+        "optimizer.safetensors",
+        "trainer_state.json",
+    ]
+    assert b"\x80\x02" not in (path / ck.OPTIM_FILE).read_bytes()[:16]  # not a pickle
     state, problem = ck.verify(path)
     assert problem is None and set(state["files"]) == {ck.MODEL_FILE, ck.OPTIM_FILE, ck.OPTIM_META}
     back = ck.load_optimizer(path)
     assert back["param_groups"] == snap.optimizer["param_groups"]
-    assert isinstance(back["param_groups"][0]["betas"], tuple) and list(back["state"]) == list(
-        snap.optimizer["state"])
+    assert isinstance(back["param_groups"][0]["betas"], tuple) and list(back["state"]) == list(snap.optimizer["state"])
     for pid, entry in snap.optimizer["state"].items():
         for name, t in entry.items():
             got = back["state"][pid][name]
@@ -106,8 +114,9 @@ def test_optimizer_state_is_safetensors_plus_json_and_comes_back_bit_for_bit(tmp
     twins[1].load_state_dict(back)
     twins[0].load_state_dict(snap.optimizer)
     assert ck.flatten_optimizer(twins[0].state_dict())[1] == ck.flatten_optimizer(twins[1].state_dict())[1]
-    (path / ck.OPTIM_META).write_text(json.dumps({"format": "x1-optimizer/1", "state_dict": {
-        "state": {"__tensor__": "o/not-there"}}}))
+    (path / ck.OPTIM_META).write_text(
+        json.dumps({"format": "x1-optimizer/1", "state_dict": {"state": {"__tensor__": "o/not-there"}}})
+    )
     with pytest.raises(X1Error, match="names a tensor 'o/not-there' its safetensors file lacks"):
         ck.load_optimizer(path)
     ck.write_step_dir(tmp_path, snapshot(6, model))
@@ -116,7 +125,8 @@ def test_optimizer_state_is_safetensors_plus_json_and_comes_back_bit_for_bit(tmp
     final = ck.load_optimizer(tmp_path / ck.FINAL_OPTIM)
     lab = torch.load(tmp_path / ck.FINAL_OPTIM_PT, weights_only=True)
     assert final["param_groups"] == lab["param_groups"] and all(
-        torch.equal(final["state"][k][n], lab["state"][k][n]) for k in final["state"] for n in final["state"][k])
+        torch.equal(final["state"][k][n], lab["state"][k][n]) for k in final["state"] for n in final["state"][k]
+    )
 
 
 def test_an_old_optimizer_pt_is_refused_on_torch_before_2_6_with_the_reason_and_the_fix(tmp_path, monkeypatch):
@@ -125,12 +135,15 @@ def test_an_old_optimizer_pt_is_refused_on_torch_before_2_6_with_the_reason_and_
     legacy = ck.load_optimizer(path)
     for name in (ck.OPTIM_FILE, ck.OPTIM_META):
         (path / name).unlink()
-    torch.save(legacy, path / ck.LEGACY_OPTIM)            # a checkpoint of an x1 before the safetensors state
+    torch.save(legacy, path / ck.LEGACY_OPTIM)  # a checkpoint of an x1 before the safetensors state
     if ck._torch_version() >= ck.SAFE_TORCH_LOAD:
-        assert ck.load_optimizer(path)["param_groups"] == legacy["param_groups"]   # torch >= 2.6: read
+        assert ck.load_optimizer(path)["param_groups"] == legacy["param_groups"]  # torch >= 2.6: read
     monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
-    with pytest.raises(X1Error, match=r"optimizer\.pt.*cannot be loaded safely with torch 2\.5\.1\+cu124.*"
-                                      r"CVE-2025-32434.*Fix: resume this checkpoint once with torch >= 2\.6"):
+    with pytest.raises(
+        X1Error,
+        match=r"optimizer\.pt.*cannot be loaded safely with torch 2\.5\.1\+cu124.*"
+        r"CVE-2025-32434.*Fix: resume this checkpoint once with torch >= 2\.6",
+    ):
         ck.load_optimizer(path)
 
 
@@ -170,8 +183,7 @@ def test_resume_after_sigkill_is_bitwise_identical(demo_data, tmp_path, capsys):
     proc.wait()
     assert not (b / "final.safetensors").exists()
     capsys.readouterr()
-    assert train_here(train_cmd(demo_data, b, 2 * n, *extra, "--resume-from-latest", ckpt_every=n,
-                                eval_every=4)) == 0
+    assert train_here(train_cmd(demo_data, b, 2 * n, *extra, "--resume-from-latest", ckpt_every=n, eval_every=4)) == 0
     out = capsys.readouterr().out
     assert "resuming from" in out and "step_0000006" in out
     fa, fb = safetensors_io.load(a / "final.safetensors"), safetensors_io.load(b / "final.safetensors")
@@ -188,8 +200,9 @@ def test_resume_after_sigkill_is_bitwise_identical(demo_data, tmp_path, capsys):
 
 def test_sigkill_during_checkpoint_write_is_survived(demo_data, tmp_path):
     ckpt = tmp_path / "c"
-    proc = start(train_cmd(demo_data, ckpt, 200, "--set", "checkpoint.async_save=false", *HALF, ckpt_every=1),
-                 tmp_path / "log")
+    proc = start(
+        train_cmd(demo_data, ckpt, 200, "--set", "checkpoint.async_save=false", *HALF, ckpt_every=1), tmp_path / "log"
+    )
     wait_for(lambda: (ckpt / "step_0000002").exists(), proc=proc)
     wait_for(lambda: any(ckpt.glob(".step_*.tmp-*")), proc=proc, every=0.0005)
     proc.send_signal(signal.SIGKILL)
@@ -199,8 +212,14 @@ def test_sigkill_during_checkpoint_write_is_survived(demo_data, tmp_path):
     assert problem is None and state is not None
     complete = [p for _, p in ck.list_step_dirs(ckpt)]
     assert all(ck.verify(p)[1] is None for p in complete)
-    assert train_here(train_cmd(demo_data, ckpt, state["step"] + 2, *HALF, "--resume-from-latest",
-                                "--allow-config-change", ckpt_every=1)) == 0
+    assert (
+        train_here(
+            train_cmd(
+                demo_data, ckpt, state["step"] + 2, *HALF, "--resume-from-latest", "--allow-config-change", ckpt_every=1
+            )
+        )
+        == 0
+    )
     assert not any(ckpt.glob(".step_*.tmp-*")), "stale temporary dirs are cleaned up"
 
 
@@ -216,7 +235,7 @@ def test_sigusr1_checkpoints_and_trains_on_then_sigterm_checkpoints_and_exits_75
         (requested,) = [p for _, p in ck.list_step_dirs(ckpt)]
         assert ck.verify(requested)[1] is None
         at = int(requested.name.split("_")[1])
-        wait_for(lambda: progress_step(ckpt) >= at + 2, proc=proc)   # training went on after it
+        wait_for(lambda: progress_step(ckpt) >= at + 2, proc=proc)  # training went on after it
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 75
     finally:
@@ -234,8 +253,14 @@ def test_sigusr1_checkpoints_and_trains_on_then_sigterm_checkpoints_and_exits_75
 
 def test_second_sigint_aborts_at_once(demo_data, tmp_path):
     ckpt = tmp_path / "c"
-    slow = ["--set", "train.batch_size=512", "--set", "train.micro_batch_size=64",
-            "--set", "train.grad_accum_steps=8"]  # steps of ~4 s, so both signals land inside one
+    slow = [
+        "--set",
+        "train.batch_size=512",
+        "--set",
+        "train.micro_batch_size=64",
+        "--set",
+        "train.grad_accum_steps=8",
+    ]  # steps of ~4 s, so both signals land inside one
     log = tmp_path / "log"
     proc = start(train_cmd(demo_data, ckpt, 50, *slow), log)
     # The val loss of step 0 is the last thing before the first step: a signal after it lands inside step 1
@@ -252,8 +277,7 @@ def test_second_sigint_aborts_at_once(demo_data, tmp_path):
     assert not ck.list_step_dirs(ckpt)
 
 
-def test_a_resume_with_nothing_starts_fresh_and_refuses_to_mix_runs_and_config_changes(demo_data, tmp_path,
-                                                                                       capsys):
+def test_a_resume_with_nothing_starts_fresh_and_refuses_to_mix_runs_and_config_changes(demo_data, tmp_path, capsys):
     """--resume-from-latest on an empty dir starts fresh; then a fresh start over its checkpoints, a changed
     config and other data are refused (exit 2, naming the fix); --allow-config-change resumes and tags the run.
     (In this process: none of it depends on a process of its own.)"""

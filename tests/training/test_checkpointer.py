@@ -46,10 +46,13 @@ def disk(monkeypatch):
 def _checkpointer(tmp_path, async_save: bool, clock: Clock, events: list) -> tuple[Checkpointer, SimpleNamespace]:
     model = Transformer(SMALL)
     run = SimpleNamespace(raw_model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
-    calls = CheckpointCalls(state_dict_for_saving, lambda run, state: {"step": state.step, "rng": ck.rng_state()},
-                            log=lambda msg: events.append(("log", msg)),
-                            on_failed=lambda step, reason, what, first: events.append(("failed", step, first)),
-                            on_recovered=lambda step, n: events.append(("recovered", step, n)))
+    calls = CheckpointCalls(
+        state_dict_for_saving,
+        lambda run, state: {"step": state.step, "rng": ck.rng_state()},
+        log=lambda msg: events.append(("log", msg)),
+        on_failed=lambda step, reason, what, first: events.append(("failed", step, first)),
+        on_recovered=lambda step, n: events.append(("recovered", step, n)),
+    )
     return Checkpointer(tmp_path / "ckpt", 3, async_save, calls, clock=clock), run
 
 
@@ -67,12 +70,12 @@ def test_a_full_disk_is_retried_on_schedule_with_one_alert_per_episode(tmp_path,
         why = chk.due(step, every_steps=10_000, every_min=15)
         if why:
             attempts.append(step)
-            chk.save(run, SimpleNamespace(step=step), why)   # never raises for a periodic checkpoint
+            chk.save(run, SimpleNamespace(step=step), why)  # never raises for a periodic checkpoint
             chk.wait()
     assert attempts == list(range(15, 201, 15))
     failed = [e for e in events if e[0] == "failed"]
-    assert [s for _, s, _ in failed] == [30, 45, 60, 75, 90]          # each attempt of the episode, reported
-    assert [first for *_, first in failed] == [True, False, False, False, False]   # alerted once
+    assert [s for _, s, _ in failed] == [30, 45, 60, 75, 90]  # each attempt of the episode, reported
+    assert [first for *_, first in failed] == [True, False, False, False, False]  # alerted once
     assert [e for e in events if e[0] == "recovered"] == [("recovered", 105, 5)]
     assert ck.read_latest(tmp_path / "ckpt") == "step_0000195" and chk.failures == 5
     assert not any(".tmp-" in p.name for p in (tmp_path / "ckpt").iterdir())
@@ -86,7 +89,7 @@ def test_step_cadence_retries_at_the_next_boundary_and_a_required_write_still_ra
         assert chk.due(step, every_steps=10, every_min=0) == "periodic" and chk.due(step + 1, 10, 0) is None
         chk.save(run, SimpleNamespace(step=step), "periodic")
     assert [e[1:] for e in events if e[0] == "failed"] == [(10, True), (20, False)]
-    with pytest.raises(CheckpointFailed):   # the final or a stop's checkpoint: the run must end with exit 7
+    with pytest.raises(CheckpointFailed):  # the final or a stop's checkpoint: the run must end with exit 7
         chk.save(run, SimpleNamespace(step=21), "interrupted by SIGTERM", required=True)
     disk.full = False
     chk.save(run, SimpleNamespace(step=30), "periodic")

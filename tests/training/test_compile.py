@@ -30,7 +30,7 @@ def test_cuda_graph_modes_are_never_used_under_gradient_accumulation():
     assert effective_compile_mode("reduce-overhead", 2)[0] == "default"
     _, why = effective_compile_mode("max-autotune", 16)
     assert why is not None and "16 micro-steps" in why and "pytorch/pytorch#169545" in why
-    assert effective_compile_mode("max-autotune", 1) == ("max-autotune", None)   # no accumulation: as asked
+    assert effective_compile_mode("max-autotune", 1) == ("max-autotune", None)  # no accumulation: as asked
     assert effective_compile_mode("default", 16) == ("default", None)
 
 
@@ -40,8 +40,8 @@ def test_ddp_with_accumulation_compiles_the_blocks_on_a_torch_whose_whole_graph_
     monkeypatch.setattr(torch, "__version__", "2.5.1+cu124")
     scope, why = effective_compile_scope("model", 2, 2)
     assert scope == "blocks" and why is not None and "2.5.1" in why and "2 micro-steps per rank" in why
-    assert effective_compile_scope("model", 1, 8) == ("model", None)    # no accumulation: exact as it is
-    assert effective_compile_scope("model", 4, 1) == ("model", None)    # one process: no DDP
+    assert effective_compile_scope("model", 1, 8) == ("model", None)  # no accumulation: exact as it is
+    assert effective_compile_scope("model", 4, 1) == ("model", None)  # one process: no DDP
     assert effective_compile_scope("blocks", 4, 2) == ("blocks", None)
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
     assert effective_compile_scope("model", 4, 2) == ("model", None)
@@ -60,7 +60,7 @@ def test_a_compile_failure_is_loud_reported_once_and_training_goes_on_eagerly():
 
     f = CompileFallback(compiled, eager, logs.append, reports.append)
     assert f(3) == 6 and f(4) == 8
-    assert calls == ["compiled", "eager", "eager"]               # never tried again
+    assert calls == ["compiled", "eager", "eager"]  # never tried again
     assert reports == ["RuntimeError: BackendCompilerFailed: inductor exploded"]
     assert len(logs) == 1 and logs[0].startswith("WARNING: torch.compile failed") and "EAGERLY" in logs[0]
 
@@ -69,9 +69,18 @@ def tiny_run(model: Transformer, forward) -> Run:
     cfg = C.load(TINY, sets=["model.seq_len=16"])
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, cfg.model.vocab_size, (2, 16), generator=g)
-    return Run(cfg=cfg, model=forward, raw_model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-               device=torch.device("cpu"), batches=iter(()), chunks=[0], val_batches=[(x, torch.roll(x, 1, 1))],
-               flops_per_token=1, peak_tflops=None)
+    return Run(
+        cfg=cfg,
+        model=forward,
+        raw_model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        device=torch.device("cpu"),
+        batches=iter(()),
+        chunks=[0],
+        val_batches=[(x, torch.roll(x, 1, 1))],
+        flops_per_token=1,
+        peak_tflops=None,
+    )
 
 
 def test_eval_runs_the_plain_module_never_the_compiled_one():
@@ -126,22 +135,22 @@ def test_every_kernel_switch_traces_as_one_graph(variant, bf16):
     residual under autocast: still one graph, no break, for the whole model and for one block (scope blocks)."""
     cfg = C.load(TINY, sets=["model.seq_len=16"])
     model = Transformer(dataclasses.replace(cfg.model, **variant))
-    model.set_kernels(Kernels(fused_loss=True, loss_chunk_tokens=12,
-                              residual_dtype=torch.bfloat16 if bf16 else None))
+    model.set_kernels(Kernels(fused_loss=True, loss_chunk_tokens=12, residual_dtype=torch.bfloat16 if bf16 else None))
     x = torch.randint(0, cfg.model.vocab_size, (2, 16))
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     with ctx:
         torch._dynamo.reset()
         whole = torch._dynamo.explain(model)(x, torch.roll(x, 1, 1))
         torch._dynamo.reset()
-        block = torch._dynamo.explain(model.model.layers[0])(torch.randn(2, 16, cfg.model.d_model),
-                                                             model.rope_cos[:16], model.rope_sin[:16])
+        block = torch._dynamo.explain(model.model.layers[0])(
+            torch.randn(2, 16, cfg.model.d_model), model.rope_cos[:16], model.rope_sin[:16]
+        )
     for e in (whole, block):
         assert (e.graph_count, e.graph_break_count) == (1, 0), [str(b.reason) for b in e.break_reasons]
 
 
 def test_block_scope_compiles_each_block_fullgraph_and_a_failure_goes_back_to_eager(monkeypatch, tmp_path):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))   # not the user's cache
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # not the user's cache
     cfg = C.load(TINY, sets=["model.seq_len=16"])
     torch.manual_seed(0)
     model = Transformer(cfg.model)
@@ -151,13 +160,13 @@ def test_block_scope_compiles_each_block_fullgraph_and_a_failure_goes_back_to_ea
     logs, reports = [], []
     forward = compile_model(model, model, "default", "blocks", logs.append)
     forward.on_fallback = reports.append
-    assert all(b._compiled_call_impl is not None for b in model.model.layers)   # compiled in place
+    assert all(b._compiled_call_impl is not None for b in model.model.layers)  # compiled in place
     assert set(state_dict_for_saving(model)) == set(state_dict_for_saving(Transformer(cfg.model)))  # no _orig_mod
 
     def broken(*a, **k):
         raise RuntimeError("Unsupported: graph break in fullgraph mode")
 
-    for b in model.model.layers:      # what a fullgraph failure looks like at the first call
+    for b in model.model.layers:  # what a fullgraph failure looks like at the first call
         b._compiled_call_impl = broken
     with torch.no_grad():
         got = forward(x, torch.roll(x, 1, 1))
@@ -171,13 +180,14 @@ def test_compiled_flash_attn_that_breaks_graphs_is_swapped_for_sdpa(monkeypatch)
 
     cfg = C.load(TINY, sets=["train.compile=true", "train.bf16_residual=true"])
     logs: list[str] = []
-    monkeypatch.setattr(transformer, "flash_attn_func", lambda *a, **k: None)   # "importable", not a custom op
+    monkeypatch.setattr(transformer, "flash_attn_func", lambda *a, **k: None)  # "importable", not a custom op
     k = forward_kernels(cfg, torch.device("cpu"), use_flash=True, log=logs.append)
     assert not k.use_flash and any("SDPA's flash backend" in m for m in logs)
-    assert k.residual_dtype is None and any("bf16_residual has no effect" in m for m in logs)   # tiny is fp32
+    assert k.residual_dtype is None and any("bf16_residual has no effect" in m for m in logs)  # tiny is fp32
     cpu = torch.device("cpu")
-    eager = forward_kernels(C.load(TINY, sets=["train.precision=bf16", "train.bf16_residual=true"]), cpu, True,
-                            logs.append)
+    eager = forward_kernels(
+        C.load(TINY, sets=["train.precision=bf16", "train.bf16_residual=true"]), cpu, True, logs.append
+    )
     assert eager.use_flash and eager.residual_dtype == torch.bfloat16 and eager.fused_loss
     # deterministic: a flash-attn without a deterministic backward is not used; one with it is kept under compile
     logs.clear()
@@ -250,9 +260,19 @@ def test_a_backward_compile_failure_redoes_the_step_eagerly_like_a_forward_failu
 
         forward = CompileFallback(compiled, model, logs.append, reports.append) if fail else model
         batches = iter([Batch(0, c, d[:, :-1], d[:, 1:]) for c, d in enumerate(data)])
-        run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                  device=torch.device("cpu"), batches=batches,
-                  chunks=[0, 1], val_batches=[], flops_per_token=1, peak_tflops=None, horizon=planned(10, cfg.optim))
+        run = Run(
+            cfg=cfg,
+            model=forward,
+            raw_model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            device=torch.device("cpu"),
+            batches=batches,
+            chunks=[0, 1],
+            val_batches=[],
+            flops_per_token=1,
+            peak_tflops=None,
+            horizon=planned(10, cfg.optim),
+        )
         return run, model, logs, reports
 
     run, model, logs, reports = make(fail=True)
@@ -262,9 +282,11 @@ def test_a_backward_compile_failure_redoes_the_step_eagerly_like_a_forward_failu
     assert got[0] == pytest.approx(want[0], abs=1e-6) and got[1] == pytest.approx(want[1], rel=1e-5)
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-6), name
-    assert calls == ["compiled", "compiled"]     # the failed try, then eager only
-    assert reports == ["RuntimeError in the backward: BackendCompilerFailed: backend='inductor' raised: "
-                       "LoweringException in the backward"]
+    assert calls == ["compiled", "compiled"]  # the failed try, then eager only
+    assert reports == [
+        "RuntimeError in the backward: BackendCompilerFailed: backend='inductor' raised: "
+        "LoweringException in the backward"
+    ]
     assert len(logs) == 1 and "EAGERLY" in logs[0]
 
 

@@ -20,8 +20,9 @@ def lab_like(**train: object) -> C.Config:
 class FakeCuda:
     """torch.cuda as a machine with GPUs would answer, for the checks that only ask."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int] = (9, 0),
-                 name: str = "NVIDIA H100 80GB HBM3") -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int] = (9, 0), name: str = "NVIDIA H100 80GB HBM3"
+    ) -> None:
         self.selected: list[torch.device] = []
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "set_device", self.selected.append)
@@ -41,8 +42,8 @@ def test_each_rank_takes_the_gpu_of_its_local_rank(monkeypatch):
     cuda = FakeCuda(monkeypatch)
     assert D.resolve_device("auto", local_rank=0, world_size=1) == torch.device("cuda:0")
     assert D.resolve_device("cuda", local_rank=3, world_size=8) == torch.device("cuda:3")
-    assert D.resolve_device("cuda:1", local_rank=2, world_size=4) == torch.device("cuda:2")   # one GPU a rank
-    assert D.resolve_device("cuda:1") == torch.device("cuda:1")   # one process: the GPU it names
+    assert D.resolve_device("cuda:1", local_rank=2, world_size=4) == torch.device("cuda:2")  # one GPU a rank
+    assert D.resolve_device("cuda:1") == torch.device("cuda:1")  # one process: the GPU it names
     assert cuda.selected == [torch.device(f"cuda:{i}") for i in (0, 3, 2, 1)]
 
 
@@ -73,12 +74,14 @@ def test_bf16_on_a_gpu_older_than_ampere_is_refused_with_the_fix(monkeypatch):
 
 def test_the_forward_kernels_follow_the_config():
     log: list[str] = []
-    k = D.forward_kernels(lab_like(precision="fp32", bf16_residual=True, loss_chunk_tokens=256), torch.device("cpu"),
-                          False, log.append)
+    k = D.forward_kernels(
+        lab_like(precision="fp32", bf16_residual=True, loss_chunk_tokens=256), torch.device("cpu"), False, log.append
+    )
     assert (k.use_flash, k.fused_loss, k.loss_chunk_tokens, k.residual_dtype) == (False, True, 256, None)
     assert "train.bf16_residual has no effect" in log[-1]
-    k = D.forward_kernels(lab_like(precision="bf16", bf16_residual=True, fused_loss=False), torch.device("cpu"),
-                          False, log.append)
+    k = D.forward_kernels(
+        lab_like(precision="bf16", bf16_residual=True, fused_loss=False), torch.device("cpu"), False, log.append
+    )
     assert (k.fused_loss, k.residual_dtype) == (False, torch.bfloat16)
 
 
@@ -101,7 +104,7 @@ def test_deterministic_under_compile_without_inductors_deterministic_mode_is_ref
     cfg = C.load(TINY, {"train.deterministic": True, "train.compile": True})
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
     if hasattr(inductor_config, "deterministic"):
-        D.check_deterministic_compile(cfg, gpu)      # this torch has it: nothing to refuse
+        D.check_deterministic_compile(cfg, gpu)  # this torch has it: nothing to refuse
         monkeypatch.delattr(inductor_config, "deterministic")
     with pytest.raises(X1Error, match=r"train\.deterministic with train\.compile") as e:
         D.check_deterministic_compile(cfg, gpu)
@@ -117,7 +120,7 @@ def test_cudnn_attention_is_off_on_a_gpu_unless_asked_for(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
     D.hardware_plan(lab_like(attention="sdpa", precision="bf16"), torch.device("cuda:0"), [].append)
     D.hardware_plan(lab_like(attention="sdpa", precision="bf16", sdpa_cudnn=True), torch.device("cuda:0"), [].append)
-    D.hardware_plan(lab_like(attention="sdpa"), torch.device("cpu"), [].append)   # a CPU has no cuDNN to pick
+    D.hardware_plan(lab_like(attention="sdpa"), torch.device("cpu"), [].append)  # a CPU has no cuDNN to pick
     assert calls == [False, True]
 
 
@@ -144,13 +147,13 @@ def test_compiling_uses_the_x1_cache_and_shares_the_hosts_cpus_between_its_ranks
     the user set one; an explicit thread count is kept."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(D.os, "environ", dict(D.os.environ))   # what prepare_compile writes stays in this test
+    monkeypatch.setattr(D.os, "environ", dict(D.os.environ))  # what prepare_compile writes stays in this test
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS"):
         D.os.environ.pop(var, None)
     monkeypatch.setenv("X1_CACHE_DIR", str(tmp_path / "x1cache"))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     monkeypatch.setattr(D.os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)   # restored after
+    monkeypatch.setattr(inductor_config, "compile_threads", inductor_config.compile_threads)  # restored after
     log: list[str] = []
     D.prepare_compile(log.append)
     assert D.os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "x1cache" / "inductor")

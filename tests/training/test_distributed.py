@@ -51,7 +51,7 @@ def assert_same_run(one: Path, two: Path, steps: int) -> dict[str, torch.Tensor]
 def test_chunks_are_shared_out_over_ranks():
     assert World(0, 0, 2).chunks(6) == [0, 2, 4] and World(1, 1, 2).chunks(6) == [1, 3, 5]
     assert World().chunks(4) == [0, 1, 2, 3]
-    assert sorted(c for r in range(4) for c in World(r, r, 4).chunks(8)) == list(range(8))   # any rank count
+    assert sorted(c for r in range(4) for c in World(r, r, 4).chunks(8)) == list(range(8))  # any rank count
 
 
 STEPS, MICRO = 8, ("--set", "train.micro_batch_size=4")
@@ -75,9 +75,11 @@ def two_ranks(demo_data, tmp_path_factory) -> tuple[Path, str]:
     """The same job on 2 ranks with micro-batch 4, uninterrupted: (its checkpoint dir, its stdout); made once a
     session, read, never changed. Each rank accumulates 2 micro-steps, the first inside DDP's no_sync (no
     all-reduce until the last)."""
+
     def build(d: Path) -> None:
-        r = subprocess.run(ddp_cmd(demo_data, d / "two", STEPS, *MICRO, ckpt_every=4), capture_output=True,
-                           text=True, cwd=REPO)
+        r = subprocess.run(
+            ddp_cmd(demo_data, d / "two", STEPS, *MICRO, ckpt_every=4), capture_output=True, text=True, cwd=REPO
+        )
         assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
         (d / "stdout.log").write_text(r.stdout)
 
@@ -98,8 +100,10 @@ def test_a_stop_on_two_ranks_resumes_bit_for_bit(demo_data, two_ranks, tmp_path)
     """The same job, SIGTERM to torchrun after its step-4 checkpoint (forwarded to both ranks: exit 75 and a stop
     checkpoint), resumed with the same world size: the final weights equal the uninterrupted run's bit for bit."""
     three = tmp_path / "three"
-    proc = start(ddp_cmd(demo_data, three, STEPS, *MICRO, "--set", "checkpoint.async_save=false", ckpt_every=4),
-                 tmp_path / "three.log")
+    proc = start(
+        ddp_cmd(demo_data, three, STEPS, *MICRO, "--set", "checkpoint.async_save=false", ckpt_every=4),
+        tmp_path / "three.log",
+    )
     wait_for(lambda: progress_step(three) >= 5, proc=proc, timeout=180)
     proc.send_signal(signal.SIGTERM)  # to torchrun, which forwards it to both ranks
     proc.wait(timeout=120)
@@ -107,8 +111,12 @@ def test_a_stop_on_two_ranks_resumes_bit_for_bit(demo_data, two_ranks, tmp_path)
     assert status["exit_code"] == 75
     stopped = ck.read_latest(three)
     assert stopped is not None and int(stopped.split("_")[1]) >= 5
-    r = subprocess.run(ddp_cmd(demo_data, three, STEPS, *MICRO, "--resume-from-latest", ckpt_every=4),
-                       capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        ddp_cmd(demo_data, three, STEPS, *MICRO, "--resume-from-latest", ckpt_every=4),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     w2 = safetensors_io.load(two_ranks[0] / "final.safetensors")
     w3 = safetensors_io.load(three / "final.safetensors")
@@ -118,8 +126,11 @@ def test_a_stop_on_two_ranks_resumes_bit_for_bit(demo_data, two_ranks, tmp_path)
 def _lost_after(src: Path, dest: Path, step: int) -> Path:
     """``src``'s checkpoint dir as a machine lost right after its step-``step`` checkpoint would have left it
     (its later steps, final weights, exit status and MLflow store gone: a fresh store takes the new machine's)."""
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("mlflow.db*", "final.safetensors", "exit_status.json",
-                                                            "progress.json", "*.lock"))
+    shutil.copytree(
+        src,
+        dest,
+        ignore=shutil.ignore_patterns("mlflow.db*", "final.safetensors", "exit_status.json", "progress.json", "*.lock"),
+    )
     for n, path in ck.list_step_dirs(dest):
         if n > step:
             shutil.rmtree(path)
@@ -127,8 +138,9 @@ def _lost_after(src: Path, dest: Path, step: int) -> Path:
     return seed_store(dest)
 
 
-def test_a_checkpoint_resumes_on_another_rank_count_with_the_same_batches(demo_data, single_run, two_ranks, tmp_path,
-                                                                        capsys):
+def test_a_checkpoint_resumes_on_another_rank_count_with_the_same_batches(
+    demo_data, single_run, two_ranks, tmp_path, capsys
+):
     """Written by 2 ranks, resumed by 1 process; written by 1 process (micro-batch 8), resumed by 4 ranks
     (micro-batch 4): the same sequences at every step, so the losses and the final weights equal those of an
     uninterrupted single process to float rounding (the issue's bound: 1e-4 on a weight). The one process runs
@@ -136,14 +148,21 @@ def test_a_checkpoint_resumes_on_another_rank_count_with_the_same_batches(demo_d
     from x1_pretrain import train
 
     ref_loss, ref_w = losses(single_run), safetensors_io.load(single_run / "final.safetensors")
-    two_to_one, one_to_four = _lost_after(two_ranks[0], tmp_path / "two-to-one", 4), \
-        _lost_after(single_run, tmp_path / "one-to-four", 4)
+    two_to_one, one_to_four = (
+        _lost_after(two_ranks[0], tmp_path / "two-to-one", 4),
+        _lost_after(single_run, tmp_path / "one-to-four", 4),
+    )
     capsys.readouterr()
-    assert train.main(train_cmd(demo_data, two_to_one, STEPS, "--resume-from-latest", ckpt_every=4,
-                                seed=False)[3:]) == 0
+    assert (
+        train.main(train_cmd(demo_data, two_to_one, STEPS, "--resume-from-latest", ckpt_every=4, seed=False)[3:]) == 0
+    )
     in_process = capsys.readouterr().out
-    r = subprocess.run(four_cmd(demo_data, one_to_four, STEPS, *MICRO, "--resume-from-latest", ckpt_every=4,
-                                seed=False), capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        four_cmd(demo_data, one_to_four, STEPS, *MICRO, "--resume-from-latest", ckpt_every=4, seed=False),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     for dest, out in ((two_to_one, in_process), (one_to_four, r.stdout)):
         assert "written by" in out and "the same global batch (16 sequences" in out, out[-3000:]
@@ -161,8 +180,17 @@ def test_the_watchdog_sees_the_trainers_code_through_torchrun(demo_data, tmp_pat
     """torchrun exits 1 for any failing worker; rank 0's recorded code (here a usage error, 2) must stop
     the watchdog instead of being relaunched."""
     ckpt = tmp_path / "c"
-    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--max-restarts", "3", "--",
-           *ddp_cmd(demo_data, ckpt, 4, "--set", "optim.lr=1e30", "--set", "optim.min_lr=0")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.watchdog",
+        "--backoff-s",
+        "0.1",
+        "--max-restarts",
+        "3",
+        "--",
+        *ddp_cmd(demo_data, ckpt, 4, "--set", "optim.lr=1e30", "--set", "optim.min_lr=0"),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert r.returncode == 5, (r.stdout + r.stderr)[-3000:]
     assert "the trainer (rank 0) recorded exit 5 (diverged)" in r.stderr
@@ -174,13 +202,36 @@ def test_a_budget_stop_at_start_ends_every_rank(demo_data, tmp_path):
     from datetime import datetime, timezone
 
     budget = tmp_path / "budget.json"
-    budget.write_text(json.dumps({"spent_usd": 36.0, "rate_usd_per_hr": 1.1, "hours_elapsed": 30,
-                                  "projected_total_usd": 36.0,
-                                  "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
+    budget.write_text(
+        json.dumps(
+            {
+                "spent_usd": 36.0,
+                "rate_usd_per_hr": 1.1,
+                "hours_elapsed": 30,
+                "projected_total_usd": 36.0,
+                "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        )
+    )
     ckpt = tmp_path / "c"
-    r = subprocess.run(ddp_cmd(demo_data, ckpt, 5, "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget),
-                               "--budget-expected-step-s", "0.1", "--force-launch"),
-                       capture_output=True, text=True, cwd=REPO, timeout=180)
+    r = subprocess.run(
+        ddp_cmd(
+            demo_data,
+            ckpt,
+            5,
+            "--budget-cap-usd",
+            "35",
+            "--budget-curr-cost-uri",
+            str(budget),
+            "--budget-expected-step-s",
+            "0.1",
+            "--force-launch",
+        ),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=180,
+    )
     assert r.returncode != 0
     assert json.loads((ckpt / "exit_status.json").read_text())["exit_code"] == 4
     assert ck.list_step_dirs(ckpt) == []
@@ -190,8 +241,17 @@ def test_a_usage_error_under_torchrun_is_not_relaunched(demo_data, tmp_path):
     """A fresh run with a config mistake: no checkpoint dir exists, so rank 0 reports its exit 2 through the
     status file the watchdog owns ($X1_EXIT_STATUS)."""
     ckpt = tmp_path / "fresh"
-    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--max-restarts", "3", "--",
-           *ddp_cmd(demo_data, ckpt, 4, "--set", "model.n_head=5", seed=False)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.watchdog",
+        "--backoff-s",
+        "0.1",
+        "--max-restarts",
+        "3",
+        "--",
+        *ddp_cmd(demo_data, ckpt, 4, "--set", "model.n_head=5", seed=False),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert r.returncode == 2, (r.stdout + r.stderr)[-3000:]
     assert "relaunching with --resume-from-latest" not in r.stderr
@@ -211,12 +271,17 @@ def test_two_ranks_under_torch_compile_match_one_eager_process(demo_data, tmp_pa
     two = tmp_path / "two"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     env.pop("TORCHINDUCTOR_COMPILE_THREADS", None)
-    r = subprocess.run(ddp_cmd(demo_data, two, steps, *micro, *small, "--compile", "--set",
-                               "train.compile_mode=default"), capture_output=True, text=True, cwd=REPO, env=env)
+    r = subprocess.run(
+        ddp_cmd(demo_data, two, steps, *micro, *small, "--compile", "--set", "train.compile_mode=default"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
     assert "torch.compile failed" not in out
-    scope = effective_compile_scope("model", 2, 2)[0]    # blocks on a torch whose DDP whole graph is wrong
+    scope = effective_compile_scope("model", 2, 2)[0]  # blocks on a torch whose DDP whole graph is wrong
     assert f"torch.compile mode=default, scope {scope}" in out
     (run,) = run_info(two)[1]
     assert run.data.tags[N.TAG_COMPILE_SCOPE_EFFECTIVE] == scope
@@ -231,9 +296,18 @@ def test_two_ranks_under_torch_compile_match_one_eager_process(demo_data, tmp_pa
 def node_cmd(data: Path, ckpt: Path, steps: int, addr: str, port: int, *extra: str, **kw) -> list[str]:
     """One of two torchrun "nodes" on this machine: c10d rendezvous at 127.0.0.1:``port``; torchrun orders the
     nodes by address, so the one at 127.0.0.1 holds rank 0 and the one at 127.0.0.2 rank 1."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=x1-two-nodes",
-            f"--local-addr={addr}", *train_cmd(data, ckpt, steps, *extra, **kw)[1:]]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=x1-two-nodes",
+        f"--local-addr={addr}",
+        *train_cmd(data, ckpt, steps, *extra, **kw)[1:],
+    ]
 
 
 def test_two_nodes_a_lost_node_ends_the_other_at_once_naming_it(demo_data, tmp_path):
@@ -249,11 +323,15 @@ def test_two_nodes_a_lost_node_ends_the_other_at_once_naming_it(demo_data, tmp_p
     node0 = start(node_cmd(demo_data, disk0, STEPS, "127.0.0.1", port, *sync, ckpt_every=4), tmp_path / "node0.log")
     wait_for(lambda: listening(port), proc=node0, timeout=120)
     with open(tmp_path / "node1.log", "w") as out:
-        node1 = subprocess.Popen(node_cmd(demo_data, disk1, STEPS, "127.0.0.2", port, *sync, ckpt_every=4,
-                                          seed=False), cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        node1 = subprocess.Popen(
+            node_cmd(demo_data, disk1, STEPS, "127.0.0.2", port, *sync, ckpt_every=4, seed=False),
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_for(lambda: progress_step(disk0) >= 5, proc=node0, timeout=300)
-        for pid in [node1.pid, *children(node1.pid)]:   # the machine is gone: torchrun and its trainer
+        for pid in [node1.pid, *children(node1.pid)]:  # the machine is gone: torchrun and its trainer
             os.kill(pid, signal.SIGKILL)
         import time
 
@@ -282,12 +360,19 @@ def test_two_nodes_a_new_node_with_an_empty_disk_joins_the_resume(demo_data, sin
     disk0, new_disk1 = _lost_after(two_ranks[0], tmp_path / "node0", 4), tmp_path / "node1-new"
     port = free_port()
     resume = ("--resume-from-latest", *MICRO)
-    node0 = start(node_cmd(demo_data, disk0, STEPS, "127.0.0.1", port, *resume, ckpt_every=4, seed=False),
-                  tmp_path / "node0-again.log")
+    node0 = start(
+        node_cmd(demo_data, disk0, STEPS, "127.0.0.1", port, *resume, ckpt_every=4, seed=False),
+        tmp_path / "node0-again.log",
+    )
     try:
         wait_for(lambda: listening(port), proc=node0, timeout=120)
-        r = subprocess.run(node_cmd(demo_data, new_disk1, STEPS, "127.0.0.2", port, *resume, ckpt_every=4,
-                                    seed=False), capture_output=True, text=True, cwd=REPO, timeout=300)
+        r = subprocess.run(
+            node_cmd(demo_data, new_disk1, STEPS, "127.0.0.2", port, *resume, ckpt_every=4, seed=False),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=300,
+        )
         out0 = (tmp_path / "node0-again.log").read_text()
         assert node0.wait(timeout=120) == 0, out0[-3000:]
     finally:
@@ -295,7 +380,7 @@ def test_two_nodes_a_new_node_with_an_empty_disk_joins_the_resume(demo_data, sin
             node0.kill()
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "rank 0 sends step_0000004 to rank(s) 1" in out0, out0[-3000:]
-    assert ck.list_step_dirs(new_disk1) == [] and not list(new_disk1.glob(".step_*"))   # received, read, deleted
+    assert ck.list_step_dirs(new_disk1) == [] and not list(new_disk1.glob(".step_*"))  # received, read, deleted
     assert not (new_disk1 / "mlflow.db").exists()
     ref_loss, ref_w = losses(single_run), safetensors_io.load(single_run / "final.safetensors")
     got = losses(disk0)
@@ -321,8 +406,13 @@ def test_a_rendezvous_that_cannot_form_is_a_clear_error_within_its_timeout(demo_
     at = node.index("--local-addr=127.0.0.1") + 1
     node[at:at] = ["--rdzv-conf=join_timeout=2"]
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--max-restarts", "5",
-                        "--", *node], capture_output=True, text=True, cwd=REPO, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--max-restarts", "5", "--", *node],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     took = time.monotonic() - t0
     print(f"the watchdog ended {took:.0f} s after the start (two waits of 2 s)")
     assert r.returncode == 1, r.stderr[-3000:]
@@ -363,13 +453,26 @@ def test_a_peer_ranks_file_names_are_checked_before_anything_is_written(tmp_path
     naming it, and nothing is written outside."""
     from ..s3server import free_port
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
-           "PYTHONPATH": str(REPO / "src")}
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": "2",
+        "PYTHONPATH": str(REPO / "src"),
+    }
     files, name = tmp_path / "files" / "ckpt", tmp_path / "name" / "ckpt"
     files.mkdir(parents=True)
     name.mkdir(parents=True)
-    procs = [subprocess.Popen([sys.executable, "-c", _PEER, str(files), str(name)], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PEER, str(files), str(name)],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "accepted" not in outs[1], outs

@@ -25,7 +25,7 @@ FAILING_DISK = [sys.executable, str(REPO / "tests" / "failing_disk.py")]
 
 def on_failing_disk(spec: str, cmd: list[str]) -> list[str]:
     """The same trainer command, run with checkpoint writes failing (ENOSPC) at the steps in ``spec``."""
-    return [*FAILING_DISK, spec, "--", *cmd[cmd.index("x1_pretrain.train") + 1:]]
+    return [*FAILING_DISK, spec, "--", *cmd[cmd.index("x1_pretrain.train") + 1 :]]
 
 
 def leftovers(ckpt) -> list[str]:
@@ -33,7 +33,8 @@ def leftovers(ckpt) -> list[str]:
 
 
 def test_a_checkpoint_that_fails_is_reported_at_once_and_training_goes_on_and_a_refused_relaunch_still_ends_well(
-        demo_data, tmp_path):
+    demo_data, tmp_path
+):
     """ENOSPC at the step-5 write: the console says so at once, MLflow is tagged, the alert reaches a real
     webhook; the half-written dir is gone, the step-10 checkpoint is written on schedule, and a SIGTERM
     after all that is still a clean interrupt (75), not a usage error.
@@ -49,8 +50,9 @@ def test_a_checkpoint_that_fails_is_reported_at_once_and_training_goes_on_and_a_
     proc = start(cmd, log, env)
     try:
         # step_10 or a later one (a loaded machine may poll only after step_15 landed): the window never closes
-        wait_for(lambda: (ck.read_latest(ckpt) or "") >= "step_0000010" and progress_step(ckpt) >= 12, proc=proc,
-                 timeout=180)
+        wait_for(
+            lambda: (ck.read_latest(ckpt) or "") >= "step_0000010" and progress_step(ckpt) >= 12, proc=proc, timeout=180
+        )
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
     finally:
@@ -64,7 +66,7 @@ def test_a_checkpoint_that_fails_is_reported_at_once_and_training_goes_on_and_a_
     # reported when it happened (the async write takes well under 5 steps here), not at the next checkpoint
     assert text.index(line) < text.index(f"step {10:>7}/")
     assert leftovers(ckpt) == [] and not (ckpt / "step_0000005").exists()
-    assert "checkpoint step_0000010 (periodic):" in text                  # the next one, on schedule
+    assert "checkpoint step_0000010 (periodic):" in text  # the next one, on schedule
     stop = ck.read_latest(ckpt)
     assert int(stop.split("_")[1]) >= 12 and ck.read_exit_status(ckpt)["exit_code"] == 75
     assert ck.verify(ckpt / stop)[1] is None
@@ -77,10 +79,32 @@ def test_a_checkpoint_that_fails_is_reported_at_once_and_training_goes_on_and_a_
     # the relaunch of that interrupted run, refused by the launch gate (in this process: no signal in it)
     budget = tmp_path / "budget.json"
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    budget.write_text(json.dumps({"spent_usd": 1.0, "rate_usd_per_hr": 30.0, "hours_elapsed": 0.1,
-                                  "projected_total_usd": 1.0, "last_update_utc": now}))
-    cmd = train_cmd(demo_data, ckpt, 400, *SMALL_BATCH, "--resume-from-latest", "--budget-cap-usd", "35",
-                    "--budget-curr-cost-uri", str(budget), "--budget-expected-step-s", "60", ckpt_every=5, seed=False)
+    budget.write_text(
+        json.dumps(
+            {
+                "spent_usd": 1.0,
+                "rate_usd_per_hr": 30.0,
+                "hours_elapsed": 0.1,
+                "projected_total_usd": 1.0,
+                "last_update_utc": now,
+            }
+        )
+    )
+    cmd = train_cmd(
+        demo_data,
+        ckpt,
+        400,
+        *SMALL_BATCH,
+        "--resume-from-latest",
+        "--budget-cap-usd",
+        "35",
+        "--budget-curr-cost-uri",
+        str(budget),
+        "--budget-expected-step-s",
+        "60",
+        ckpt_every=5,
+        seed=False,
+    )
     assert train_here(cmd) == 3
     assert (ckpt / ck.FINAL_MODEL).exists() and (ckpt / ck.FINAL_OPTIM).exists()
     assert ck.read_latest(ckpt) == stop
@@ -91,8 +115,9 @@ def test_a_checkpoint_that_fails_is_reported_at_once_and_training_goes_on_and_a_
     assert re.search(r"--total-steps \d+ --allow-config-change, or --budget-fit --allow-config-change", reason)
 
 
-def test_a_final_checkpoint_that_cannot_be_written_exits_7_and_keeps_the_last_good_one(demo_data, tmp_path,
-                                                                                        monkeypatch, capsys):
+def test_a_final_checkpoint_that_cannot_be_written_exits_7_and_keeps_the_last_good_one(
+    demo_data, tmp_path, monkeypatch, capsys
+):
     """The disk fills from step 6 on: the periodic step-6 write fails and training goes on; the final write
     at step 7 fails too, so the run ends with exit 7 (relaunched by the watchdog and SkyPilot), not 0, and
     step_3 stays the latest complete checkpoint with nothing half-written beside it. (In this process, with
@@ -102,7 +127,7 @@ def test_a_final_checkpoint_that_cannot_be_written_exits_7_and_keeps_the_last_go
     def fill(tmp, snap):
         if not fails(snap.step):
             return real(tmp, snap)
-        (tmp / ck.MODEL_FILE).write_bytes(b"\0" * 4096)          # part of the write landed
+        (tmp / ck.MODEL_FILE).write_bytes(b"\0" * 4096)  # part of the write landed
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / ck.OPTIM_FILE))
 
     monkeypatch.setattr(ck, "_fill_step_dir", fill)
@@ -128,8 +153,19 @@ def test_a_sigterm_ends_within_the_grace_whatever_the_tracking_server_does(demo_
     ckpt, silent = tmp_path / "c", SilentServer()
     grace = 4.0
     env = {**os.environ, "MLFLOW_HTTP_REQUEST_TIMEOUT": "60", "X1_MLFLOW_START_TIMEOUT_S": "1"}
-    cmd = train_cmd(demo_data, ckpt, 400, "--mlflow-uri", silent.url, "--stop-grace-s", str(grace),
-                    "--set", "checkpoint.async_save=false", *SMALL_BATCH, seed=False)
+    cmd = train_cmd(
+        demo_data,
+        ckpt,
+        400,
+        "--mlflow-uri",
+        silent.url,
+        "--stop-grace-s",
+        str(grace),
+        "--set",
+        "checkpoint.async_save=false",
+        *SMALL_BATCH,
+        seed=False,
+    )
     log = tmp_path / "a.log"
     proc = start(cmd, log, env)
     try:

@@ -22,10 +22,26 @@ WSD = ["--set", "optim.schedule=wsd", "--set", "optim.decay_fraction=0.5", "--se
 
 
 def fit_args(budget: Path, *extra: str, cap: float = CAP) -> list[str]:
-    return [*WSD, "--budget-fit", "--budget-cap-usd", str(cap), "--budget-alert-usd", str(cap * 0.95),
-            "--budget-curr-cost-uri", str(budget),
-            "--budget-check-every-min", "0.003", "--budget-reserve-min", "0.005", "--budget-buffer-usd", "0",
-            "--budget-expected-step-s", "0.2", "--force-launch", *extra]
+    return [
+        *WSD,
+        "--budget-fit",
+        "--budget-cap-usd",
+        str(cap),
+        "--budget-alert-usd",
+        str(cap * 0.95),
+        "--budget-curr-cost-uri",
+        str(budget),
+        "--budget-check-every-min",
+        "0.003",
+        "--budget-reserve-min",
+        "0.005",
+        "--budget-buffer-usd",
+        "0",
+        "--budget-expected-step-s",
+        "0.2",
+        "--force-launch",
+        *extra,
+    ]
 
 
 def history(ckpt: Path, key: str) -> dict[int, float]:
@@ -34,8 +50,9 @@ def history(ckpt: Path, key: str) -> dict[int, float]:
 
 
 def test_cosine_with_fit_to_budget_is_refused_with_the_fix(tmp_path, capsys):
-    code = train.main(["--config", str(TINY), "--data-dir", str(tmp_path), "--ckpt-dir", str(tmp_path / "c"),
-                       "--budget-fit"])
+    code = train.main(
+        ["--config", str(TINY), "--data-dir", str(tmp_path), "--ckpt-dir", str(tmp_path / "c"), "--budget-fit"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "budget.fit: needs optim.schedule 'wsd', not 'cosine'" in err
     assert "--set optim.schedule=wsd" in err
@@ -66,7 +83,7 @@ def test_the_cap_arrives_early_and_the_run_anneals_and_finishes_through_a_preemp
         # resumed in this process: no interpreter start-up in the downtime the ledger charges
         capsys.readouterr()
         resume = train_cmd(demo_data, ckpt, 400, *fit_args(budget, *decay), "--resume-from-latest")
-        code = train.main(resume[resume.index("x1_pretrain.train") + 1:])
+        code = train.main(resume[resume.index("x1_pretrain.train") + 1 :])
     finally:
         billing.close()
     out = capsys.readouterr()
@@ -74,14 +91,14 @@ def test_the_cap_arrives_early_and_the_run_anneals_and_finishes_through_a_preemp
     state, _ = ck.verify(ckpt / ck.read_latest(ckpt))
     last = state["step"]
     assert stopped["step"] < last < 400 and (ckpt / "final.safetensors").exists()
-    assert state["schedule"]["decay_start"] == stopped["schedule"]["decay_start"]   # the decay was not restarted
+    assert state["schedule"]["decay_start"] == stopped["schedule"]["decay_start"]  # the decay was not restarted
     assert state["schedule"]["end_step"] == last
     lr = history(ckpt, "train/lr")
-    assert lr[last] == pytest.approx(3e-4, rel=1e-9)          # the tiny config's min_lr, at the last step
+    assert lr[last] == pytest.approx(3e-4, rel=1e-9)  # the tiny config's min_lr, at the last step
     assert max(lr.values()) == pytest.approx(3e-3)
     spent = history(ckpt, "budget/spent_usd")
     assert max(spent.values()) <= CAP and list(spent.values()) == sorted(spent.values())
-    assert billing.spent <= CAP                                # the bill itself, not only what the guard saw
+    assert billing.spent <= CAP  # the bill itself, not only what the guard saw
     ends = history(ckpt, "budget/planned_end_step")
     assert ends[max(ends)] == last and "budget fit: the run ends at step" in out.out
     _, runs = run_info(ckpt)
@@ -94,8 +111,9 @@ def _first_inside_the_decay(ckpt: Path, seen: dict[str, int | None]) -> Path | N
     for step, path in ck.list_step_dirs(ckpt):
         if path.name not in seen and (path / ck.DONE_FILE).exists():
             state, _ = ck.verify(path)
-            inside = state is not None and state["schedule"]["decay_start"] < state["step"] < \
-                state["schedule"]["end_step"]
+            inside = (
+                state is not None and state["schedule"]["decay_start"] < state["step"] < state["schedule"]["end_step"]
+            )
             seen[path.name] = step if inside else None
         if seen.get(path.name) is not None:
             return path
@@ -129,11 +147,20 @@ def test_a_kill_inside_the_decay_resumes_the_same_schedule_bit_for_bit(demo_data
     it is the resume's schedule that is under test, and a run in this process and its resumes skip three
     interpreter start-ups)."""
     ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
-    async_off = ["--set", "checkpoint.async_save=false", "--set", "checkpoint.keep_last=100000",
-                 # half the FAST batch (grad accumulation still 2): the schedule's resume does not depend on it
-                 "--set", "train.batch_size=8", "--set", "train.micro_batch_size=4",
-                 "--set", "train.grad_accum_steps=2"]
-    per_step = 0.6     # $10 pays for ~16 steps: the decay starts near step 8, few checkpoints to write
+    async_off = [
+        "--set",
+        "checkpoint.async_save=false",
+        "--set",
+        "checkpoint.keep_last=100000",
+        # half the FAST batch (grad accumulation still 2): the schedule's resume does not depend on it
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "train.micro_batch_size=4",
+        "--set",
+        "train.grad_accum_steps=2",
+    ]
+    per_step = 0.6  # $10 pays for ~16 steps: the decay starts near step 8, few checkpoints to write
     # until a step is measured the rate assumes 2 s a step: a slow machine's start-up (imports, the first step)
     # is then aged at $0.2/s by the guard, not at the $2/s of the steps it has not run yet
     billing = StepBilling(budget, ckpt, lambda s: per_step, free_start_up=True, step_s=2.0)
@@ -154,15 +181,16 @@ def test_a_kill_inside_the_decay_resumes_the_same_schedule_bit_for_bit(demo_data
         b = tmp_path / f"{twin}.json"
         bill = StepBilling(b, d, lambda s: 0.01, spent=per_step * at, step=at)
         try:
-            code = train_here(train_cmd(demo_data, d, 400, *fit_args(b, cap=1000.0), *async_off,
-                                        "--resume-from-latest"))
+            code = train_here(
+                train_cmd(demo_data, d, 400, *fit_args(b, cap=1000.0), *async_off, "--resume-from-latest")
+            )
         finally:
             bill.close()
         assert code == 0
         final, _ = ck.verify(d / ck.read_latest(d))
-        assert final["schedule"]["decay_start"] == horizon["decay_start"]   # the decay never restarts
-        assert final["step"] == horizon["end_step"]                          # nor is it stretched
-        assert history(d, "train/lr")[final["step"]] == pytest.approx(3e-4, rel=1e-9)   # min_lr at the end
+        assert final["schedule"]["decay_start"] == horizon["decay_start"]  # the decay never restarts
+        assert final["step"] == horizon["end_step"]  # nor is it stretched
+        assert history(d, "train/lr")[final["step"]] == pytest.approx(3e-4, rel=1e-9)  # min_lr at the end
         finals.append(load_st(d / "final.safetensors"))
     import torch
 

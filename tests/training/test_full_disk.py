@@ -28,14 +28,18 @@ from .test_budget_control import budget_json
 DISK_MB = 200
 
 
-IN_NAMESPACE = "X1_TEST_IN_USER_NAMESPACE"   # set for the re-run of a test under `unshare -rm`
+IN_NAMESPACE = "X1_TEST_IN_USER_NAMESPACE"  # set for the re-run of a test under `unshare -rm`
 
 
 def _mount(where: Path) -> str | None:
     """Mount a DISK_MB tmpfs on ``where``: None when it worked, else why not."""
     try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(where)],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(where)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return str(e)
     return None if r.returncode == 0 else (r.stderr.strip() or f"mount exited {r.returncode}")
@@ -46,10 +50,26 @@ def _rerun_in_a_namespace(request, why: str):
     so it may mount a tmpfs, and the trainer it starts sees it); that run's outcome is this test's. Where that
     cannot run either, a skip, or a failure under CI=true: a CI must not pass without ever filling a disk."""
     if not os.environ.get(IN_NAMESPACE) and shutil.which("unshare"):
-        cmd = ["unshare", "-rm", sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-               request.node.nodeid]
-        r = subprocess.run(cmd, cwd=request.config.rootpath, env={**os.environ, IN_NAMESPACE: "1"},
-                           capture_output=True, text=True, timeout=600)
+        cmd = [
+            "unshare",
+            "-rm",
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            request.node.nodeid,
+        ]
+        r = subprocess.run(
+            cmd,
+            cwd=request.config.rootpath,
+            env={**os.environ, IN_NAMESPACE: "1"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         tail = r.stdout.strip().splitlines()[-1:] or [r.stderr.strip()]
         if r.returncode == 0 and " passed" in tail[0]:
             pytest.skip(f"no tmpfs mount for this user ({why}): the test ran inside `unshare -rm` and passed")
@@ -75,7 +95,7 @@ def small_disk(request, tmp_path):
         yield where
     finally:
         if subprocess.run(["umount", str(where)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], capture_output=True)   # a process still holds a file
+            subprocess.run(["umount", "-l", str(where)], capture_output=True)  # a process still holds a file
 
 
 def fill(disk: Path) -> Path:
@@ -119,8 +139,9 @@ def fill_after_first_checkpoint(proc, ckpt: Path, disk: Path) -> tuple[Path, str
     """Wait for the first checkpoint, fill the disk: (the filler, the checkpoint ``latest`` names then). The trainer
     (``proc`` or the one under it) is stopped (SIGSTOP) while the disk fills, so however short its steps, the fill
     is complete before its next checkpoint."""
-    wait_for(lambda: ck.read_latest(ckpt) is not None and (ck.read_progress(ckpt) or {}).get("pid"), proc=proc,
-             timeout=120)
+    wait_for(
+        lambda: ck.read_latest(ckpt) is not None and (ck.read_progress(ckpt) or {}).get("pid"), proc=proc, timeout=120
+    )
     trainer = ck.read_progress(ckpt)["pid"]
     os.kill(trainer, signal.SIGSTOP)
     try:
@@ -131,7 +152,8 @@ def fill_after_first_checkpoint(proc, ckpt: Path, disk: Path) -> tuple[Path, str
 
 
 def test_a_disk_that_fills_under_the_trainer_ends_with_exit_7_and_the_last_good_checkpoint(
-        demo_data, small_disk, tmp_path):
+    demo_data, small_disk, tmp_path
+):
     """Filled right after the first checkpoint: every later write meets ENOSPC. The progress record is skipped
     with one warning an episode, the periodic checkpoint fails and training goes on, the final one cannot be
     written: exit 7 (not 1), ``latest`` names the checkpoint from before the fill, which verifies, and no
@@ -148,9 +170,9 @@ def test_a_disk_that_fills_under_the_trainer_ends_with_exit_7_and_the_last_good_
     assert f"Exit 7: the watchdog relaunches from the last complete checkpoint ({kept})" in text
     assert "Traceback" not in text, text[-3000:]
     skipped = [x for x in text.splitlines() if "progress.json could not be written" in x]
-    assert 1 <= len(skipped) <= len(failed) + 1, skipped          # one warning an episode, not one a step
+    assert 1 <= len(skipped) <= len(failed) + 1, skipped  # one warning an episode, not one a step
     assert ck.read_latest(ckpt) == kept and ck.verify(ckpt / kept)[1] is None
-    assert all(ck.verify(p)[1] is None for _, p in ck.list_step_dirs(ckpt))   # no partial step dir
+    assert all(ck.verify(p)[1] is None for _, p in ck.list_step_dirs(ckpt))  # no partial step dir
     assert leftovers(ckpt) == [] and not (ckpt / ck.FINAL_MODEL).exists()
     # the MLflow store (mlflow.db) shares the full disk: the last metrics cannot reach it, and their spill file
     # cannot be written either; it is not left cut on the disk, and the log says what was lost
@@ -177,8 +199,20 @@ def test_the_budget_guard_keeps_working_on_a_full_disk(demo_data, small_disk, tm
     the spend passing the cap still ends the run (exit 4)."""
     ckpt, log, budget = small_disk / "c", tmp_path / "train.log", tmp_path / "budget.json"
     budget_json(budget, 10.0)
-    cmd = train_cmd(demo_data, ckpt, 2000, "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget),
-                    "--budget-check-every-min", "0.005", "--force-launch", *SMALL_BATCH, ckpt_every=5)
+    cmd = train_cmd(
+        demo_data,
+        ckpt,
+        2000,
+        "--budget-cap-usd",
+        "35",
+        "--budget-curr-cost-uri",
+        str(budget),
+        "--budget-check-every-min",
+        "0.005",
+        "--force-launch",
+        *SMALL_BATCH,
+        ckpt_every=5,
+    )
     with running(cmd, log) as proc:
         fill_after_first_checkpoint(proc, ckpt, small_disk)
         wait_for(lambda: "budget warning: cannot write" in log.read_text(), proc=proc, timeout=60)
@@ -197,15 +231,28 @@ def test_the_watchdog_waits_for_space_alerts_once_and_relaunches_when_it_is_back
     ckpt, log, events, hook = small_disk / "c", tmp_path / "wd.log", tmp_path / "events.jsonl", JsonServer()
     hook.route("/hook", {"ok": True})
     train = train_cmd(demo_data, ckpt, 10, *SMALL_BATCH, ckpt_every=5)
-    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--events-file", str(events), "--backoff-s", "0.1",
-           "--disk-poll-s", "0.1", "--disk-margin-mb", "1", "--", *train]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.watchdog",
+        "--events-file",
+        str(events),
+        "--backoff-s",
+        "0.1",
+        "--disk-poll-s",
+        "0.1",
+        "--disk-margin-mb",
+        "1",
+        "--",
+        *train,
+    ]
     try:
         with running(cmd, log, {**fast_close(), "X1_SLACK_WEBHOOK_URL": hook.base + "/hook"}) as wd:
             filler, kept = fill_after_first_checkpoint(wd, ckpt, small_disk)
             wait_for(lambda: "disk full on" in log.read_text(), proc=wd, timeout=120)
             line = next(x for x in log.read_text().splitlines() if "disk full on" in x)
             assert f"disk full on {ckpt}: 0 MB free, a checkpoint needs " in line and "MB; waiting" in line
-            assert children(wd.pid) == []                     # no trainer runs on the full disk
+            assert children(wd.pid) == []  # no trainer runs on the full disk
             wait_for(lambda: any("disk full on" in json.dumps(b) for b in hook.bodies("/hook")), timeout=30)
             filler.unlink()
             code = wd.wait(timeout=150)
@@ -230,13 +277,30 @@ def test_a_budget_stop_ends_the_wait_for_space(small_disk, tmp_path):
     wait ends with exit 4 and the trainer is never started again."""
     ckpt, budget, starts, log = small_disk / "c", tmp_path / "budget.json", tmp_path / "starts", tmp_path / "wd.log"
     ckpt.mkdir()
-    trainer = tmp_path / "trainer.py"   # a trainer that ends as one does on a full disk (exit 7)
+    trainer = tmp_path / "trainer.py"  # a trainer that ends as one does on a full disk (exit 7)
     trainer.write_text(f"import sys\nopen({str(starts)!r}, 'a').write('x')\nsys.exit(7)\n")
     budget_json(budget, 10.0)
     fill(small_disk)
-    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--disk-poll-s", "0.1",
-           "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget), "--budget-poll-s", "0.2", "--",
-           sys.executable, str(trainer), "--ckpt-dir", str(ckpt)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.watchdog",
+        "--backoff-s",
+        "0.1",
+        "--disk-poll-s",
+        "0.1",
+        "--budget-cap-usd",
+        "35",
+        "--budget-curr-cost-uri",
+        str(budget),
+        "--budget-poll-s",
+        "0.2",
+        "--",
+        sys.executable,
+        str(trainer),
+        "--ckpt-dir",
+        str(ckpt),
+    ]
     with running(cmd, log, dict(os.environ)) as wd:
         wait_for(lambda: "disk full on" in log.read_text(), proc=wd, timeout=60)
         budget_json(budget, 36.0)
@@ -245,4 +309,3 @@ def test_a_budget_stop_ends_the_wait_for_space(small_disk, tmp_path):
     assert code == 4, text[-3000:]
     after = text.split("disk full on", 1)[1]
     assert starts.read_text() == "x" and "MB): relaunching" not in after and "budget: " in after
-

@@ -17,10 +17,19 @@ from x1_pretrain.training.schedule import fitted_end, planned
 
 from ..conftest import TINY
 
-SETS = ["model.seq_len=16", "model.n_layer=1", "train.eval_batches=1", "optim.warmup_steps=2", "train.log_every=5",
-        "train.eval_every=12",
-        "optim.schedule=wsd", "optim.decay_fraction=0.5", "train.batch_size=2", "train.micro_batch_size=2",
-        "train.grad_accum_steps=1"]
+SETS = [
+    "model.seq_len=16",
+    "model.n_layer=1",
+    "train.eval_batches=1",
+    "optim.warmup_steps=2",
+    "train.log_every=5",
+    "train.eval_every=12",
+    "optim.schedule=wsd",
+    "optim.decay_fraction=0.5",
+    "train.batch_size=2",
+    "train.micro_batch_size=2",
+    "train.grad_accum_steps=1",
+]
 
 
 class RecordingCheckpointer:
@@ -49,9 +58,21 @@ def tiny_run(total_steps: int, hooks: list) -> Run:
             yield Batch(step, 0, x[:, :-1], x[:, 1:])
 
     val = [(torch.zeros(1, cfg.model.seq_len, dtype=torch.long), torch.zeros(1, cfg.model.seq_len, dtype=torch.long))]
-    return Run(cfg, model, model, torch.optim.AdamW(model.parameters(), lr=1e-3), torch.device("cpu"), batches(), [0],
-               val, flops_per_token=1, peak_tflops=None, console=Console(),
-               checkpointer=RecordingCheckpointer(), callbacks=[*loop_callbacks(), *hooks])
+    return Run(
+        cfg,
+        model,
+        model,
+        torch.optim.AdamW(model.parameters(), lr=1e-3),
+        torch.device("cpu"),
+        batches(),
+        [0],
+        val,
+        flops_per_token=1,
+        peak_tflops=None,
+        console=Console(),
+        checkpointer=RecordingCheckpointer(),
+        callbacks=[*loop_callbacks(), *hooks],
+    )
 
 
 class Console(list):
@@ -86,9 +107,9 @@ def test_every_end_the_fit_proposes_is_honoured_however_near(fit):
     assert "budget fitted" in outcome.reason
     assert max(hook.lrs) == end
     lines = run.console
-    assert sum(f"step {end:>7}/" in line for line in lines) == 1          # the last step is logged, once
-    assert sum(f"step {end:>7} | val loss" in line for line in lines) == 1   # and evaluated once
-    if end > 12:   # an end after this boundary: the steps left decay to min_lr
+    assert sum(f"step {end:>7}/" in line for line in lines) == 1  # the last step is logged, once
+    assert sum(f"step {end:>7} | val loss" in line for line in lines) == 1  # and evaluated once
+    if end > 12:  # an end after this boundary: the steps left decay to min_lr
         assert hook.lrs[end] == pytest.approx(run.cfg.optim.min_lr)
 
 

@@ -27,8 +27,12 @@ from ..servers import wait_until
 def _step(ckpt: Path, step: int, mb: float = 0.5) -> Path:
     g = torch.Generator().manual_seed(step)
     n = int(mb * 1e6 / 4)
-    snap = ck.StepSnapshot(step, {"w": torch.randn(n, generator=g)}, {"state": {}, "param_groups": []},
-                           {"step": step, "rng": ck.rng_state()})
+    snap = ck.StepSnapshot(
+        step,
+        {"w": torch.randn(n, generator=g)},
+        {"state": {}, "param_groups": []},
+        {"step": step, "rng": ck.rng_state()},
+    )
     return ck.write_step_dir(ckpt, snap)[0]
 
 
@@ -50,25 +54,34 @@ def _remote_complete(store: Store, tmp: Path) -> str | None:
 def test_a_checkpoint_goes_up_files_first_then_done_then_latest(s3env, tmp_path):
     store = Store(RemoteURL.parse(s3env))
     calls: list[tuple[str, str]] = []
-    store.client.meta.events.register("before-parameter-build.s3.*", lambda params, model, **_: calls.append(
-        (model.name, params.get("Key", ""))))
+    store.client.meta.events.register(
+        "before-parameter-build.s3.*", lambda params, model, **_: calls.append((model.name, params.get("Key", "")))
+    )
     path = _step(tmp_path / "c", 5)
     mirror = Mirror(store, tmp_path / "c", keep_last=3, log=print).start()
     mirror.checkpoint(path)
     assert mirror.drain(60)
     mirror.close()
     assert next(c for c in calls if c[0] not in ("GetObject", "ListObjectsV2")) == (
-        "PutObject", f"{RemoteURL.parse(s3env).prefix}/x1-run.json")   # the owner, before all
+        "PutObject",
+        f"{RemoteURL.parse(s3env).prefix}/x1-run.json",
+    )  # the owner, before all
     calls = [c for c in calls if not c[1].endswith("/x1-run.json")]
     puts = [k.rsplit("/", 2)[-2:] for op, k in calls if op in ("PutObject", "CreateMultipartUpload")]
     writes = [op for op, _ in calls if op not in ("GetObject", "ListObjectsV2", "ListMultipartUploads", "HeadObject")]
-    assert writes[0] == "DeleteObjects"   # the step's old DONE first: a rewritten step is incomplete until done
-    assert [p[-1] for p in puts] == ["model.safetensors", "optimizer.json", "optimizer.safetensors",
-                                     "trainer_state.json", "DONE", "latest"]
+    assert writes[0] == "DeleteObjects"  # the step's old DONE first: a rewritten step is incomplete until done
+    assert [p[-1] for p in puts] == [
+        "model.safetensors",
+        "optimizer.json",
+        "optimizer.safetensors",
+        "trainer_state.json",
+        "DONE",
+        "latest",
+    ]
     assert _remote_complete(store, tmp_path) == "step_0000005"
     prefix = RemoteURL.parse(s3env).prefix
     assert store.get_bytes("step_0000005/model.safetensors") == (path / "model.safetensors").read_bytes()
-    assert not any((tmp_path / "c" / STAGING).iterdir())   # the staged links are gone once uploaded
+    assert not any((tmp_path / "c" / STAGING).iterdir())  # the staged links are gone once uploaded
     assert all(k.startswith(prefix + "/") for k in [k for _, k in calls if k])
 
 
@@ -78,8 +91,8 @@ def test_keep_last_holds_remotely_and_pinned_checkpoints_stay(s3env, tmp_path):
     store = Store(RemoteURL.parse(s3env))
     ckpt = tmp_path / "c"
     run_owner.keep_local(ckpt, "run-a")
-    store.put_bytes(b"half", "step_0000002/model.safetensors", metadata={"x1-run": "run-a"})   # a killed upload
-    store.put_bytes(b"not ours", "step_0000003/model.safetensors")     # written by no run of ours: it stays
+    store.put_bytes(b"half", "step_0000002/model.safetensors", metadata={"x1-run": "run-a"})  # a killed upload
+    store.put_bytes(b"not ours", "step_0000003/model.safetensors")  # written by no run of ours: it stays
     mirror = Mirror(store, ckpt, keep_last=2, log=print).start()
     for step in (1, 3, 4, 5):
         path = _step(ckpt, step, mb=0.1)
@@ -98,23 +111,24 @@ def test_keep_last_holds_remotely_and_pinned_checkpoints_stay(s3env, tmp_path):
 
 def test_a_store_that_is_down_warns_once_alerts_once_and_catches_up(s3, s3env, tmp_path):
     proxy = Proxy(s3.port)
-    os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint   # monkeypatched by s3env: undone after the test
+    os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint  # monkeypatched by s3env: undone after the test
     store = Store(RemoteURL.parse(s3env), connect_timeout_s=2, read_timeout_s=5, attempts=1)
     lines: list[str] = []
     alerts: list[str] = []
     waits: list[float] = []
 
-    def sleep(s: float) -> None:   # the backoff, without the wall clock: the store comes back after 4 failures
+    def sleep(s: float) -> None:  # the backoff, without the wall clock: the store comes back after 4 failures
         waits.append(s)
         if len(waits) == 4:
             proxy.refusing = False
 
     proxy.refusing = True
-    mirror = Mirror(store, tmp_path / "c", keep_last=3, log=lines.append, alert=lambda s, b: alerts.append(s),
-                    sleep=sleep).start()
+    mirror = Mirror(
+        store, tmp_path / "c", keep_last=3, log=lines.append, alert=lambda s, b: alerts.append(s), sleep=sleep
+    ).start()
     try:
         mirror.checkpoint(_step(tmp_path / "c", 1, mb=0.1))
-        mirror.checkpoint(_step(tmp_path / "c", 2, mb=0.1))   # while down: replaces step 1 if not started
+        mirror.checkpoint(_step(tmp_path / "c", 2, mb=0.1))  # while down: replaces step 1 if not started
         mirror.file(ck.EXIT_STATUS)
         assert wait_until(lambda: not mirror.pending() and mirror.failing == 0, timeout=60)
     finally:
@@ -147,7 +161,7 @@ def test_the_remote_latest_is_complete_whenever_the_mirror_is_killed(s3, s3env, 
     """SIGKILL at moments drawn at random inside the uploads (by bytes sent, not by the clock): the remote's
     latest always names a checkpoint whose every file is there and verifies."""
     ckpt = tmp_path / "c"
-    names = [_step(ckpt, s, mb=1.5).name for s in (1, 2, 3)]   # each weights file goes up from the upload worker
+    names = [_step(ckpt, s, mb=1.5).name for s in (1, 2, 3)]  # each weights file goes up from the upload worker
     proxy = Proxy(s3.port)
     store = Store(RemoteURL.parse(s3env))
     env = {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint, "PYTHONPATH": str(REPO / "src")}
@@ -157,11 +171,17 @@ def test_the_remote_latest_is_complete_whenever_the_mirror_is_killed(s3, s3env, 
     try:
         for attempt in range(4):
             start = proxy.bytes_up
-            cut = rng.uniform(0.05, 0.95) * total   # somewhere in the three checkpoints' bytes
-            child = subprocess.Popen([sys.executable, "-c", CHILD, str(ckpt), s3env, *names], env=env, cwd=REPO,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            reached = wait_until(lambda s=start, c=cut, p=child: proxy.bytes_up - s >= c or p.poll() is not None,
-                                 timeout=120)
+            cut = rng.uniform(0.05, 0.95) * total  # somewhere in the three checkpoints' bytes
+            child = subprocess.Popen(
+                [sys.executable, "-c", CHILD, str(ckpt), s3env, *names],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+            reached = wait_until(
+                lambda s=start, c=cut, p=child: proxy.bytes_up - s >= c or p.poll() is not None, timeout=120
+            )
             workers = children(child.pid)
             assert child.poll() is None, f"attempt {attempt}: the uploads ended before the cut"
             child.send_signal(signal.SIGKILL)
@@ -199,24 +219,24 @@ def test_large_files_go_up_from_a_child_process_that_survives_group_signals_and_
         worker = mirror._uploader.proc
         assert worker.pid != os.getpid() and worker.poll() is None
         assert os.getpriority(os.PRIO_PROCESS, worker.pid) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
-        assert os.getsid(worker.pid) != os.getsid(0)   # a session of its own: group signals do not reach it
+        assert os.getsid(worker.pid) != os.getsid(0)  # a session of its own: group signals do not reach it
         worker.send_signal(signal.SIGTERM)
         mirror.checkpoint(_step(ckpt, 2, mb=2.0))
         assert mirror.drain(60)
-        assert mirror._uploader.proc is worker and worker.poll() is None   # the SIGTERM was ignored
+        assert mirror._uploader.proc is worker and worker.poll() is None  # the SIGTERM was ignored
         worker.kill()
         worker.wait()
         mirror.checkpoint(_step(ckpt, 3, mb=2.0))
         assert mirror.drain(120)
-        assert mirror._uploader.proc is not worker   # started again
+        assert mirror._uploader.proc is not worker  # started again
     finally:
         mirror.close()
-    assert worker.poll() is not None and mirror._uploader.proc is None   # close ends the worker
+    assert worker.poll() is not None and mirror._uploader.proc is None  # close ends the worker
     assert _remote_complete(store, tmp_path) == "step_0000003"
     for step in (1, 2, 3):
         name = f"step_{step:07d}"
         assert store.get_bytes(f"{name}/model.safetensors") == (ckpt / name / "model.safetensors").read_bytes()
-    assert sum(x.startswith("WARNING") for x in lines) <= 1   # at most the one episode of the killed worker
+    assert sum(x.startswith("WARNING") for x in lines) <= 1  # at most the one episode of the killed worker
 
 
 def test_a_stopped_upload_worker_is_killed_after_its_deadline_and_the_upload_goes_on(s3env, tmp_path):
@@ -226,14 +246,14 @@ def test_a_stopped_upload_worker_is_killed_after_its_deadline_and_the_upload_goe
     ckpt = tmp_path / "c"
     lines: list[str] = []
     mirror = Mirror(store, ckpt, keep_last=3, log=lines.append, sleep=lambda s: None, upload_process=True).start()
-    try:   # 1.1 MB: just above the worker's threshold, so the deadline is the timeouts plus about a second
+    try:  # 1.1 MB: just above the worker's threshold, so the deadline is the timeouts plus about a second
         mirror.checkpoint(_step(ckpt, 1, mb=1.1))
         assert mirror.drain(60)
         assert mirror._uploader is not None and mirror._uploader.proc is not None
         stopped = mirror._uploader.proc
         stopped.send_signal(signal.SIGSTOP)
         mirror.checkpoint(_step(ckpt, 2, mb=1.1))
-        assert mirror.drain(120, failures=0)   # through the failure, to the retry's success
+        assert mirror.drain(120, failures=0)  # through the failure, to the retry's success
         assert stopped.poll() is not None and mirror._uploader.proc is not stopped
     finally:
         mirror.close()
@@ -247,13 +267,13 @@ def test_a_newer_checkpoint_never_cancels_the_upload_in_progress(s3, s3env, tmp_
     step 3 replaces the unstarted step 2, and the remote ends at step 3."""
     proxy = Proxy(s3.port)
     proxy.hold_on = b"step_0000001"
-    os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint    # restored by s3env's monkeypatch
+    os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint  # restored by s3env's monkeypatch
     store = Store(RemoteURL.parse(s3env))
     lines: list[str] = []
     mirror = Mirror(store, tmp_path / "c", keep_last=3, log=lines.append).start()
     try:
         mirror.checkpoint(_step(tmp_path / "c", 1, mb=0.1))
-        assert wait_until(lambda: not proxy.flowing.is_set(), timeout=60)   # step 1 is on the wire, held
+        assert wait_until(lambda: not proxy.flowing.is_set(), timeout=60)  # step 1 is on the wire, held
         mirror.checkpoint(_step(tmp_path / "c", 2, mb=0.1))
         mirror.checkpoint(_step(tmp_path / "c", 3, mb=0.1))
         assert mirror.pending() == ["step_0000001", "step_0000003"]
@@ -307,11 +327,11 @@ def test_an_older_local_fallback_never_moves_the_remote_latest_back_nor_deletes_
     store.put_bytes(b'{"memory": {"spent_usd": 9.0}}', LEDGER_FILE)
     before = {k: store.get_bytes(k) for k in store.list_objects("step_0000004/")}
     new = tmp_path / "new-machine"
-    run_owner.keep_local(new, run_owner.local_id(old))     # the same run (its checkpoint dir came along)
+    run_owner.keep_local(new, run_owner.local_id(old))  # the same run (its checkpoint dir came along)
     lines: list[str] = []
     mirror = Mirror(store, new, keep_last=2, log=lines.append).start()
     for step in (2, 3):
-        mirror.checkpoint(_step(new, step, mb=0.05))   # written here, so it is this disk's latest
+        mirror.checkpoint(_step(new, step, mb=0.05))  # written here, so it is this disk's latest
         assert mirror.drain(60)
     (new / LEDGER_FILE).write_text('{"memory": {"spent_usd": 1.0}}')
     mirror.file(LEDGER_FILE)
@@ -345,20 +365,25 @@ def test_a_stop_whose_upload_cannot_finish_says_so_within_the_grace(s3, s3env, t
     from x1_pretrain.training.signals import StopDeadline
 
     proxy = Proxy(s3.port)
-    os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint    # restored by s3env's monkeypatch
+    os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint  # restored by s3env's monkeypatch
     ckpt = tmp_path / "c"
     lines: list[str] = []
     mirror = Mirror(Store(RemoteURL.parse(s3env)), ckpt, keep_last=3, log=lines.append, upload_process=True).start()
     try:
         mirror.checkpoint(_step(ckpt, 1, mb=2.0))
         assert mirror.drain(60)
-        proxy.hold_on = b"step_0000002/model.safetensors"   # the worker's upload of the weights, not the DONE delete
+        proxy.hold_on = b"step_0000002/model.safetensors"  # the worker's upload of the weights, not the DONE delete
         stop = StopFlag()
-        mirror.checkpoint(_step(ckpt, 2, mb=2.0))   # the stop checkpoint
-        assert wait_until(lambda: not proxy.flowing.is_set(), timeout=60)   # on the wire, and the link hangs
+        mirror.checkpoint(_step(ckpt, 2, mb=2.0))  # the stop checkpoint
+        assert wait_until(lambda: not proxy.flowing.is_set(), timeout=60)  # on the wire, and the link hangs
         stop.requested, stop.requested_at = "SIGTERM", time.monotonic()
-        ctx = SimpleNamespace(mirror=mirror, ckpt_dir=ckpt, mlflow_store=None, log=lines.append,
-                              deadline=StopDeadline(stop, 4.0, lambda: None))
+        ctx = SimpleNamespace(
+            mirror=mirror,
+            ckpt_dir=ckpt,
+            mlflow_store=None,
+            log=lines.append,
+            deadline=StopDeadline(stop, 4.0, lambda: None),
+        )
         _end_mirror(ctx, 75)
         left = ctx.deadline.remaining()
     finally:
@@ -406,9 +431,14 @@ def test_abandoned_multipart_uploads_of_the_prefix_are_aborted_at_start_and_no_o
     url = RemoteURL.parse(s3env)
     client = s3.client()
     cut = client.create_multipart_upload(Bucket=url.bucket, Key=url.key("step_0000009/model.safetensors"))
-    client.upload_part(Bucket=url.bucket, Key=url.key("step_0000009/model.safetensors"), UploadId=cut["UploadId"],
-                       PartNumber=1, Body=b"x" * 1024)
-    other_key = f"{url.prefix}-other/step_0000001/model.safetensors"   # a sibling prefix that starts the same
+    client.upload_part(
+        Bucket=url.bucket,
+        Key=url.key("step_0000009/model.safetensors"),
+        UploadId=cut["UploadId"],
+        PartNumber=1,
+        Body=b"x" * 1024,
+    )
+    other_key = f"{url.prefix}-other/step_0000001/model.safetensors"  # a sibling prefix that starts the same
     other = client.create_multipart_upload(Bucket=url.bucket, Key=other_key)
     tokens = client.create_multipart_upload(Bucket=url.bucket, Key=url.key("data/tokenized/train.bin"))  # remote push
     lines: list[str] = []
@@ -420,5 +450,6 @@ def test_abandoned_multipart_uploads_of_the_prefix_are_aborted_at_start_and_no_o
     assert cut["UploadId"] not in left and other["UploadId"] in left and tokens["UploadId"] in left
     assert any("aborted an unfinished multipart upload of step_0000009/model.safetensors" in x for x in lines)
     client.abort_multipart_upload(Bucket=url.bucket, Key=other_key, UploadId=other["UploadId"])
-    client.abort_multipart_upload(Bucket=url.bucket, Key=url.key("data/tokenized/train.bin"),
-                                  UploadId=tokens["UploadId"])
+    client.abort_multipart_upload(
+        Bucket=url.bucket, Key=url.key("data/tokenized/train.bin"), UploadId=tokens["UploadId"]
+    )

@@ -30,7 +30,7 @@ from .test_mirror import _step
 
 @pytest.fixture(autouse=True)
 def _no_given_id(monkeypatch):
-    monkeypatch.delenv("X1_RUN_ID", raising=False)   # each test says which run id it gives
+    monkeypatch.delenv("X1_RUN_ID", raising=False)  # each test says which run id it gives
 
 
 def _owned(s3env: str, tmp_path: Path) -> tuple[Store, str, dict[str, bytes | None]]:
@@ -59,40 +59,40 @@ def _folder(path: Path) -> Path:
 def test_a_mirror_that_finds_another_owner_writes_nothing_and_stops_the_run_with_the_launch_text(s3env, tmp_path):
     store, owner, before = _owned(s3env, tmp_path)
     b = tmp_path / "run-b"
-    run_owner.keep_local(b, "run-b")       # an offline launch made B's id; the store answers only now
+    run_owner.keep_local(b, "run-b")  # an offline launch made B's id; the store answers only now
     mirror = Mirror(store, b, keep_last=1, log=print).start()
     mirror.checkpoint(_step(b, 2, mb=0.05))
     assert mirror.drain(30)
     mirror.close()
     assert _objects(store) == before and mirror.refused == owner
-    assert mirror.refusal == str(run_owner.refusal(store, owner, "run-b"))   # the launch refusal's own words
+    assert mirror.refusal == str(run_owner.refusal(store, owner, "run-b"))  # the launch refusal's own words
     assert f"{store.url} belongs to run {owner}" in mirror.refusal and "X1_RUN_ID=" in mirror.refusal
     said: list[str] = []
     run = SimpleNamespace(world=SimpleNamespace(main=True), console=said.append)
     outcome, checkpoint = MirrorRefused(mirror).after_step(run, None, SimpleNamespace(step=7))
-    assert (outcome.exit_code, outcome.step, checkpoint) == (EXIT_USAGE, 7, True)   # at this boundary, saved
+    assert (outcome.exit_code, outcome.step, checkpoint) == (EXIT_USAGE, 7, True)  # at this boundary, saved
     assert mirror.refusal in outcome.reason and said == [f"error: {mirror.refusal}"]
     run.world.main = False
-    assert MirrorRefused(mirror).after_step(run, None, SimpleNamespace(step=7)) is None   # rank 0 decides
+    assert MirrorRefused(mirror).after_step(run, None, SimpleNamespace(step=7)) is None  # rank 0 decides
 
 
 def test_an_offline_fresh_mirror_never_claims_ownerless_checkpoints_but_a_resume_does(s3env, tmp_path):
     store = Store(RemoteURL.parse(s3env))
-    store.put_bytes(b"done\n", "step_0000004/DONE")      # an older run's mirror, from before run ids
+    store.put_bytes(b"done\n", "step_0000004/DONE")  # an older run's mirror, from before run ids
     store.put_bytes(b"step_0000004\n", ck.LATEST)
     before = _objects(store)
     fresh = tmp_path / "fresh"
-    assert run_owner.offline(fresh, resume=False)          # the launch could not reach the store
+    assert run_owner.offline(fresh, resume=False)  # the launch could not reach the store
     mirror = Mirror(store, fresh, keep_last=1, log=print).start()
     mirror.checkpoint(_step(fresh, 1, mb=0.05))
     mirror.file(ck.EXIT_STATUS)
     assert mirror.drain(30)
     mirror.close()
-    assert _objects(store) == before                       # no owner claimed, latest and step 4 untouched
+    assert _objects(store) == before  # no owner claimed, latest and step 4 untouched
     assert "already holds checkpoints (step_0000004) but no x1-run.json" in str(mirror.refusal)
     resumed = tmp_path / "resumed"
     mirror = Mirror(store, resumed, keep_last=3, log=print)
-    mirror.resume = True                                   # --resume-from-latest continues that run
+    mirror.resume = True  # --resume-from-latest continues that run
     mirror.start().checkpoint(_step(resumed, 5, mb=0.05))
     assert mirror.drain(30)
     mirror.close()
@@ -102,22 +102,22 @@ def test_an_offline_fresh_mirror_never_claims_ownerless_checkpoints_but_a_resume
 
 def test_a_resume_on_an_empty_disk_needs_the_owners_id(s3env, tmp_path, monkeypatch):
     store, owner, before = _owned(s3env, tmp_path)
-    with pytest.raises(X1Error) as e:          # a teammate's new job with the recipe's --resume-from-latest
+    with pytest.raises(X1Error) as e:  # a teammate's new job with the recipe's --resume-from-latest
         run_owner.settle(store, tmp_path / "teammate", resume=True, log=print)
     assert e.value.exit_code == 2 and f"X1_RUN_ID={owner}" in str(e.value) and "another --ckpt-remote" in str(e.value)
     assert not (tmp_path / "teammate").exists()
-    with pytest.raises(X1Error, match=f"X1_RUN_ID={owner}"):   # nor does the pull after an offline launch adopt
+    with pytest.raises(X1Error, match=f"X1_RUN_ID={owner}"):  # nor does the pull after an offline launch adopt
         remote_resume.pull(store, tmp_path / "teammate2", print)
     assert not list((tmp_path / "teammate2").glob("step_*"))
     monkeypatch.setenv("X1_RUN_ID", "someone-else")
     with pytest.raises(X1Error, match=f"belongs to run {owner}"):
         run_owner.settle(store, tmp_path / "teammate3", resume=True, log=print)
-    monkeypatch.setenv("X1_RUN_ID", owner)      # the same managed job on a new VM: proof given
+    monkeypatch.setenv("X1_RUN_ID", owner)  # the same managed job on a new VM: proof given
     assert run_owner.settle(store, tmp_path / "recovered", resume=True, log=print) == owner
     assert run_owner.local_id(tmp_path / "recovered") == owner
     assert remote_resume.pull(store, tmp_path / "recovered2", print) == "step_0000001"
     assert _objects(store) == before
-    with pytest.raises(X1Error, match=r"X1_RUN_ID=.* but .* belongs to run run-c"):   # proof that contradicts
+    with pytest.raises(X1Error, match=r"X1_RUN_ID=.* but .* belongs to run run-c"):  # proof that contradicts
         run_owner.keep_local(tmp_path / "c", "run-c")
         run_owner.settle(store, tmp_path / "c", resume=True, log=print)
 
@@ -137,7 +137,7 @@ def test_remote_push_into_an_owned_prefix_writes_only_as_its_owner(s3env, tmp_pa
     store, owner, before = _owned(s3env, tmp_path)
     logs = _folder(tmp_path / "logs")
     dest = f"{s3env}/logs"
-    assert remote.main(["push", str(logs), dest]) == 2                     # no run id at all
+    assert remote.main(["push", str(logs), dest]) == 2  # no run id at all
     assert "belongs to run " + owner in capsys.readouterr().err
     run_owner.keep_local(tmp_path / "run-b", "run-b")
     assert remote.main(["push", "--run-dir", str(tmp_path / "run-b"), str(logs), dest]) == 2
@@ -145,13 +145,13 @@ def test_remote_push_into_an_owned_prefix_writes_only_as_its_owner(s3env, tmp_pa
     assert f"is inside {store.url}, which belongs to run {owner}" in err and "this run is run-b" in err
     monkeypatch.setenv("X1_RUN_ID", "run-b")
     assert remote.main(["push", str(logs), dest]) == 2
-    assert _objects(store) == before                                        # nothing written by any of them
+    assert _objects(store) == before  # nothing written by any of them
     assert remote.main(["push", "--run-dir", str(tmp_path / "run-a"), "--verify", str(logs), dest]) == 0
     monkeypatch.setenv("X1_RUN_ID", owner)
     assert remote.main(["push", str(logs), f"{s3env}/hf/x1-50m"]) == 0
     assert {"logs/train.log", "hf/x1-50m/train.log"} <= set(store.list_objects())
     monkeypatch.delenv("X1_RUN_ID")
-    assert remote.main(["push", str(logs), f"{s3env}-elsewhere/logs"]) == 0    # an unowned prefix: as before
+    assert remote.main(["push", str(logs), f"{s3env}-elsewhere/logs"]) == 0  # an unowned prefix: as before
 
 
 def test_the_terminate_bundle_push_refuses_another_runs_prefix(s3env, tmp_path):
@@ -159,14 +159,16 @@ def test_the_terminate_bundle_push_refuses_another_runs_prefix(s3env, tmp_path):
     bundle = _folder(tmp_path / "bundle")
     final = _step(tmp_path / "run-b-ckpt", 3, mb=0.05)
     run_owner.keep_local(tmp_path / "run-b-ckpt", "run-b")
-    end = terminate.EndOfBill(source=None, export_to=bundle, mlflow_uri="", bundle_remote=f"{s3env}/bundle",
-                              run_dir=tmp_path / "run-b-ckpt")
+    end = terminate.EndOfBill(
+        source=None, export_to=bundle, mlflow_uri="", bundle_remote=f"{s3env}/bundle", run_dir=tmp_path / "run-b-ckpt"
+    )
     lines: list[str] = []
     missing = terminate.offload(end, final, lines.append)
     assert len(missing) == 2 and f"belongs to run {owner}" in missing[0] and "nothing was written" in missing[0]
     assert any(x.startswith("error: ") for x in lines) and _objects(store) == before
-    mine = terminate.EndOfBill(source=None, export_to=bundle, mlflow_uri="", bundle_remote=f"{s3env}/bundle",
-                               run_dir=tmp_path / "run-a")
+    mine = terminate.EndOfBill(
+        source=None, export_to=bundle, mlflow_uri="", bundle_remote=f"{s3env}/bundle", run_dir=tmp_path / "run-a"
+    )
     assert terminate.offload(mine, final, print) == []
     assert "bundle/train.log" in store.list_objects() and "bundle/checkpoint/DONE" in store.list_objects()
 
@@ -178,8 +180,11 @@ def test_the_recipe_gives_every_push_the_run_and_keeps_the_id_across_recoveries(
     assert 'X1_RUN_ID="${SKYPILOT_TASK_ID:-}"' in run and "export X1_RUN_ID" in run
     pushes = [line for line in run.splitlines() if "x1_pretrain.remote push" in line]
     assert len(pushes) == 3 and all("--run-dir /workspace/checkpoints" in line for line in pushes)
-    script = 'X1_RUN_ID=""; ' + run.split("push_dir() {")[0].split('remote="${X1_CKPT_REMOTE%/}"')[1] + \
-        ' echo "id=$X1_RUN_ID"'
+    script = (
+        'X1_RUN_ID=""; '
+        + run.split("push_dir() {")[0].split('remote="${X1_CKPT_REMOTE%/}"')[1]
+        + ' echo "id=$X1_RUN_ID"'
+    )
     env = {**os.environ, "SKYPILOT_TASK_ID": "sky-managed-7_x1-lab00_1-0"}
     out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=10)
     assert out.stdout.strip() == "id=sky-managed-7_x1-lab00_1-0", out.stderr
@@ -193,8 +198,11 @@ def test_a_trainer_launched_offline_on_another_runs_prefix_ends_with_exit_2(s3, 
     proxy = Proxy(s3.port, listening=False)
     b, log = tmp_path / "run-b", tmp_path / "b.log"
     try:
-        proc = start(train_cmd(demo_data, b, 6, "--ckpt-remote", s3env, ckpt_every=2), log,
-                     {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint})
+        proc = start(
+            train_cmd(demo_data, b, 6, "--ckpt-remote", s3env, ckpt_every=2),
+            log,
+            {**os.environ, "AWS_ENDPOINT_URL": proxy.endpoint},
+        )
         wait_for(lambda: "cannot be reached" in log.read_text(), proc=proc, timeout=60)
         proxy.listen()
         assert proc.wait(120) == 2, log.read_text()[-3000:]
@@ -204,5 +212,5 @@ def test_a_trainer_launched_offline_on_another_runs_prefix_ends_with_exit_2(s3, 
         proxy.close()
     text = log.read_text()
     assert f"--ckpt-remote {store.url} belongs to run {owner}" in text and "Traceback" not in text
-    assert ck.read_latest(b) is not None            # a checkpoint kept locally
+    assert ck.read_latest(b) is not None  # a checkpoint kept locally
     assert _objects(store) == before

@@ -32,11 +32,11 @@ def test_keys_added_since_a_checkpoint_are_no_change_unless_their_absence_meant_
     cfg = C.load(TINY)
     data = SimpleNamespace(identity="d", directory=Path("data"))
     logs: list[str] = []
-    with pytest.raises(X1Error, match=r"model\.vocab_pad_multiple: 1 -> 128"):   # written unpadded
+    with pytest.raises(X1Error, match=r"model\.vocab_pad_multiple: 1 -> 128"):  # written unpadded
         check_compatible(old_checkpoint(cfg), cfg, data, allow=False, log=logs.append)
     unpadded = C.load(TINY, sets=["model.vocab_pad_multiple=1"])
     assert check_compatible(old_checkpoint(unpadded), unpadded, data, allow=False, log=logs.append) == []
-    assert logs == []      # the other new keys sit at defaults that mean what the old run did: nothing to say
+    assert logs == []  # the other new keys sit at defaults that mean what the old run did: nothing to say
     fused = C.load(TINY, sets=["model.vocab_pad_multiple=1", "model.fused_projections=true"])
     with pytest.raises(X1Error, match=r"model\.fused_projections: False -> True"):
         check_compatible(old_checkpoint(unpadded), fused, data, allow=False, log=logs.append)
@@ -52,10 +52,13 @@ def test_optimizer_state_of_another_layout_is_refused_with_the_fix():
     idx = torch.randint(0, cfg.model.vocab_size, (2, 16))
     models[0](idx, idx).backward()
     opts[0].step()
-    models[1].load_state_dict(models[0].state_dict())     # the weights load: both save 50,257 rows
-    opts[1].load_state_dict(opts[0].state_dict())         # and so does the optimizer state, silently
-    with pytest.raises(X1Error, match=r"\(50304, 64\) where this model's parameter has \(50257, 64\).*"
-                                      r"model\.vocab_pad_multiple=1"):
+    models[1].load_state_dict(models[0].state_dict())  # the weights load: both save 50,257 rows
+    opts[1].load_state_dict(opts[0].state_dict())  # and so does the optimizer state, silently
+    with pytest.raises(
+        X1Error,
+        match=r"\(50304, 64\) where this model's parameter has \(50257, 64\).*"
+        r"model\.vocab_pad_multiple=1",
+    ):
         _check_optimizer_shapes(opts[1], "ckpt/step_0000001")
     _check_optimizer_shapes(opts[0], "ckpt/step_0000001")  # the run's own state fits
     fused = Transformer(dataclasses.replace(cfg.model, fused_projections=True))
@@ -69,7 +72,7 @@ def test_another_micro_batch_or_rank_count_resumes_but_another_global_batch_or_s
     cfg = C.load(TINY)
     data = SimpleNamespace(identity="d", directory=Path("data"))
     saved = cfg.to_dict()
-    saved["train"].update(micro_batch_size=4, grad_accum_steps=2)   # 2 ranks x 2 micro-steps x 4 sequences
+    saved["train"].update(micro_batch_size=4, grad_accum_steps=2)  # 2 ranks x 2 micro-steps x 4 sequences
     found = SimpleNamespace(state={"config": saved, "data_identity": "d"}, path=Path("step_0000004"))
     logs: list[str] = []
     assert check_compatible(found, cfg, data, allow=False, log=logs.append) == []

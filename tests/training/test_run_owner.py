@@ -19,32 +19,32 @@ def test_a_fresh_run_claims_an_empty_prefix_and_its_relaunch_goes_on(s3env, tmp_
     run_id = run_owner.settle(store, tmp_path / "a", resume=False, log=lines.append)
     assert run_owner.remote_id(store) == run_id == run_owner.local_id(tmp_path / "a")
     assert any(f"belongs to run {run_id}" in x for x in lines)
-    assert run_owner.settle(store, tmp_path / "a", resume=False, log=print) == run_id     # a relaunch
-    assert run_owner.settle(store, tmp_path / "a", resume=True, log=print) == run_id      # a resume on this disk
+    assert run_owner.settle(store, tmp_path / "a", resume=False, log=print) == run_id  # a relaunch
+    assert run_owner.settle(store, tmp_path / "a", resume=True, log=print) == run_id  # a resume on this disk
 
 
 def test_another_run_is_refused_and_a_resume_on_an_empty_disk_adopts(s3env, tmp_path, monkeypatch):
     store = Store(RemoteURL.parse(s3env))
     owner = run_owner.settle(store, tmp_path / "a", resume=False, log=print)
-    with pytest.raises(X1Error) as e:     # a fresh --ckpt-dir, another experiment
+    with pytest.raises(X1Error) as e:  # a fresh --ckpt-dir, another experiment
         run_owner.settle(store, tmp_path / "b", resume=False, log=print)
     text = str(e.value)
     assert e.value.exit_code == 2 and str(store.url) in text and f"belongs to run {owner}" in text
     assert "another --ckpt-remote" in text and "--resume-from-latest" in text
-    assert not (tmp_path / "b").exists()    # nothing written for a run that does not start
+    assert not (tmp_path / "b").exists()  # nothing written for a run that does not start
     run_owner.keep_local(tmp_path / "c", "run-c")
-    with pytest.raises(X1Error, match="this --ckpt-dir belongs to run run-c"):   # even as a resume
+    with pytest.raises(X1Error, match="this --ckpt-dir belongs to run run-c"):  # even as a resume
         run_owner.settle(store, tmp_path / "c", resume=True, log=print)
     lines: list[str] = []
-    monkeypatch.setenv("X1_RUN_ID", owner)   # its proof of identity (docs/running.md)
-    assert run_owner.settle(store, tmp_path / "d", resume=True, log=lines.append) == owner   # a new machine
+    monkeypatch.setenv("X1_RUN_ID", owner)  # its proof of identity (docs/running.md)
+    assert run_owner.settle(store, tmp_path / "d", resume=True, log=lines.append) == owner  # a new machine
     assert run_owner.local_id(tmp_path / "d") == owner and any("adopts its id" in x for x in lines)
     assert run_owner.remote_id(store) == owner
 
 
 def test_checkpoints_without_an_owner_are_refused_to_a_fresh_run_and_claimed_by_a_resume(s3env, tmp_path):
     store = Store(RemoteURL.parse(s3env))
-    store.put_bytes(b"done", "step_0000004/DONE")     # a mirror from before run ids
+    store.put_bytes(b"done", "step_0000004/DONE")  # a mirror from before run ids
     with pytest.raises(X1Error, match=r"already holds checkpoints \(step_0000004\) but no x1-run.json"):
         run_owner.settle(store, tmp_path / "a", resume=False, log=print)
     assert run_owner.remote_id(store) is None

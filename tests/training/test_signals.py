@@ -23,10 +23,10 @@ def test_a_stop_signal_only_sets_the_flag_once(sig):
         os.kill(os.getpid(), sig)
         assert stop.requested == signal.Signals(sig).name and stop.requested_at is not None
         first = stop.requested_at
-        os.kill(os.getpid(), signal.SIGTERM)          # a second SIGTERM changes nothing
+        os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM changes nothing
         assert stop.requested_at == first
         if sig == signal.SIGINT:
-            with pytest.raises(KeyboardInterrupt):    # a second Ctrl-C aborts
+            with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C aborts
                 os.kill(os.getpid(), signal.SIGINT)
     finally:
         restore()
@@ -45,7 +45,7 @@ def test_the_stop_deadline_fires_once_the_grace_has_passed():
     stop, fired = StopFlag(), threading.Event()
     deadline = StopDeadline(stop, 0.2, fired.set, poll_s=0.01).start()
     try:
-        assert deadline.remaining() is None and not fired.wait(0.1)   # no stop asked: nothing happens
+        assert deadline.remaining() is None and not fired.wait(0.1)  # no stop asked: nothing happens
         stop.requested, stop.requested_at = "SIGTERM", __import__("time").monotonic()
         assert fired.wait(10)
     finally:

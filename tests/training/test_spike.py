@@ -26,10 +26,10 @@ from ..procs import progress_step, run_info, start, train_cmd, train_here, wait_
 
 def test_rare_tokens_are_the_bottom_percent_weighted_by_inverse_count():
     counts = np.zeros(1000, dtype=np.int64)
-    counts[:900] = np.arange(1, 901)      # token i seen i+1 times; 900..999 never seen
-    counts[999] = 5                       # pretend 999 is EOT
+    counts[:900] = np.arange(1, 901)  # token i seen i+1 times; 900..999 never seen
+    counts[999] = 5  # pretend 999 is EOT
     ids, p = rare_token_distribution(counts, eot_id=999)
-    assert ids.tolist() == list(range(10))                 # 1% of 1000 types, the rarest seen ones
+    assert ids.tolist() == list(range(10))  # 1% of 1000 types, the rarest seen ones
     np.testing.assert_allclose(p, (1 / np.arange(1, 11)) / (1 / np.arange(1, 11)).sum())
 
 
@@ -93,13 +93,20 @@ def watch_over(curve: list[tuple[float, float]], warmup: int, force: bool = Fals
     """A SpikeWatch with an injection planned at step 100, fed (loss, grad norm) for steps 1, 2, ..."""
     logs, tags = [], []
     inj = SpikeInjector(SpikeSchedule(100, 5), np.arange(3), np.full(3, 1 / 3), 0)
-    watch = SpikeWatch(SpikeDetector(baseline_steps=5), inj, False, force,
-                       SpikeReport(logs.append, lambda s, m: None, tags.append), lr_warmup_steps=warmup)
+    watch = SpikeWatch(
+        SpikeDetector(baseline_steps=5),
+        inj,
+        False,
+        force,
+        SpikeReport(logs.append, lambda s, m: None, tags.append),
+        lr_warmup_steps=warmup,
+    )
     for s, (loss, gn) in enumerate(curve, start=1):
-        assert watch.before_update(s - 1, loss, gn, 1.0) is False   # detection only: no update is skipped
+        assert watch.before_update(s - 1, loss, gn, 1.0) is False  # detection only: no update is skipped
         _At.step = s
-        report = StepReport(s, 0.1, {"train/loss": loss, "train/grad_norm": gn, "train/lr": 1e-3}, Throughput(1),
-                            logged=True)
+        report = StepReport(
+            s, 0.1, {"train/loss": loss, "train/grad_norm": gn, "train/lr": 1e-3}, Throughput(1), logged=True
+        )
         watch.after_step(None, _At, report)
     return inj, logs, tags
 
@@ -115,11 +122,11 @@ def test_a_natural_loss_spike_after_the_warmup_cancels_the_injection_unless_forc
 
 
 def test_a_grad_norm_blip_or_a_spike_inside_the_warmup_keeps_the_injection():
-    blip = [(3.0, 40.0 if s == 20 else 1.0) for s in range(1, 30)]          # the loss never moves
+    blip = [(3.0, 40.0 if s == 20 else 1.0) for s in range(1, 30)]  # the loss never moves
     inj, logs, tags = watch_over(blip, warmup=10)
     assert inj.cancelled is None and tags == []
     assert any("spike injection kept: the detection at step 20 is grad norm only" in m for m in logs)
-    early = [(10.0 if s == 20 else 3.0, 1.0) for s in range(1, 30)]          # a loss jump during a long warm-up
+    early = [(10.0 if s == 20 else 3.0, 1.0) for s in range(1, 30)]  # a loss jump during a long warm-up
     inj, logs, tags = watch_over(early, warmup=25)
     assert inj.cancelled is None and tags == []
     assert any("is during the LR warm-up (step <= 25)" in m for m in logs)
@@ -146,9 +153,27 @@ def test_injected_run_jumps_at_exactly_those_steps_and_a_clean_run_has_no_spike(
 
 
 def test_skip_spike_steps_skips_the_updates(demo_data, tmp_path):
-    assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), "--total-steps", "30", *FAST,
-                       "--ckpt-dir", str(tmp_path / "c"), "--inject-spike-at-step", "25", "--spike-batches", "2",
-                       "--spike-skip-steps"]) == 0
+    assert (
+        train.main(
+            [
+                "--config",
+                str(TINY),
+                "--data-dir",
+                str(demo_data),
+                "--total-steps",
+                "30",
+                *FAST,
+                "--ckpt-dir",
+                str(tmp_path / "c"),
+                "--inject-spike-at-step",
+                "25",
+                "--spike-batches",
+                "2",
+                "--spike-skip-steps",
+            ]
+        )
+        == 0
+    )
     assert metric(tmp_path / "c", "spike/update_skipped") == {25: 1.0, 26: 1.0}
 
 
@@ -157,14 +182,26 @@ def test_resuming_inside_the_injection_window_replays_the_same_batches(demo_data
     resumed in this process: the same final weights and the same losses over the window and after."""
     # early in the run: the detector (20 warm-up steps) cannot call a natural spike before it, so the
     # injection is never cancelled, and the replay of the injected batches is what is under test
-    spike = ["--inject-spike-at-step", "8", "--spike-batches", "6", "--set", "checkpoint.async_save=false",
-             # a quarter of the FAST batch (grad accumulation still 2): the replay does not depend on its size
-             "--set", "train.batch_size=4", "--set", "train.micro_batch_size=2", "--set", "train.grad_accum_steps=2"]
+    spike = [
+        "--inject-spike-at-step",
+        "8",
+        "--spike-batches",
+        "6",
+        "--set",
+        "checkpoint.async_save=false",
+        # a quarter of the FAST batch (grad accumulation still 2): the replay does not depend on its size
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        "train.micro_batch_size=2",
+        "--set",
+        "train.grad_accum_steps=2",
+    ]
     a = tmp_path / "a"
     assert train_here(train_cmd(demo_data, a, 16, *spike)) == 0
     b = tmp_path / "b"
     proc = start(train_cmd(demo_data, b, 16, *spike), tmp_path / "b.log")
-    stop_at = random.randint(8, 9)   # the stop lands a step or two later: still inside the window (< 13)
+    stop_at = random.randint(8, 9)  # the stop lands a step or two later: still inside the window (< 13)
     wait_for(lambda: progress_step(b) >= stop_at, proc=proc)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 75

@@ -35,11 +35,13 @@ def with_eval(total: int, every: int, extra=(), max_s: float = 60.0):
 
     log: list[str] = []
     alerts: list[tuple[str, str]] = []
-    evaluator = TaskEval({"piqa": tasks.items("piqa", PIQA)}, load_gpt2().encode, log.append,
-                  lambda s, b: alerts.append((s, b)))
+    evaluator = TaskEval(
+        {"piqa": tasks.items("piqa", PIQA)}, load_gpt2().encode, log.append, lambda s, b: alerts.append((s, b))
+    )
     run = tiny_run(total, [evaluator, *extra])
-    run.cfg = replace(run.cfg, train=replace(run.cfg.train, eval_tasks="piqa", eval_tasks_every=every,
-                                             eval_tasks_max_s=max_s))
+    run.cfg = replace(
+        run.cfg, train=replace(run.cfg.train, eval_tasks="piqa", eval_tasks_every=every, eval_tasks_max_s=max_s)
+    )
     run.tracker = Tracker()
     return run, evaluator, log, alerts
 
@@ -53,8 +55,8 @@ def test_scores_are_logged_at_their_cadence_and_at_the_end():
     m = run.tracker.metrics[10]
     assert 0 <= m["eval/piqa/acc"] <= 1 and 0 <= m["eval/piqa/acc_norm"] <= 1
     assert sum("tasks (acc/acc_norm): piqa" in line and "(n=6 validation)" in line for line in log) == 3
-    assert m["eval/piqa/n"] == 6   # the items scored, for the manifest
-    assert run.raw_model.training   # back in training mode after each evaluation
+    assert m["eval/piqa/n"] == 6  # the items scored, for the manifest
+    assert run.raw_model.training  # back in training mode after each evaluation
     # what the budget counts: the latest evaluation's time, and all three in the time spent evaluating
     cost = evaluator.cost()
     assert cost.measured_s == evaluator.last_seconds > 0 and cost.spent_s > cost.measured_s
@@ -75,7 +77,7 @@ def test_a_failure_inside_the_eval_is_logged_alerted_once_and_training_goes_on(m
     assert len(alerts) == 1 and "training goes on" in alerts[0][0]
     assert "OutOfMemoryError" in run.tracker.tags["eval_tasks_failed"]
     assert not any("eval/piqa/acc" in m for m in run.tracker.metrics.values())
-    assert evaluator.cost().measured_s is None   # a failed evaluation says nothing of what one costs
+    assert evaluator.cost().measured_s is None  # a failed evaluation says nothing of what one costs
 
 
 def test_an_eval_past_its_time_is_cut_and_says_what_was_skipped():
@@ -94,12 +96,12 @@ def test_a_stop_during_an_eval_ends_it_and_the_run_stops_with_its_checkpoint():
             return None
 
     run, evaluator, log, _ = with_eval(10, every=2)
-    run.callbacks.insert(0, StopInsideEval())   # before the eval at step 2
+    run.callbacks.insert(0, StopInsideEval())  # before the eval at step 2
     outcome = train_loop(run, LoopState())
     assert (outcome.exit_code, outcome.step) == (EXIT_INTERRUPTED, 2)
     assert any("cut short (SIGTERM received)" in line for line in log)
     assert run.checkpointer.saved[-1] == (2, "interrupted by SIGTERM", True)
-    assert evaluator.cost().measured_s is None   # cut by a stop: not what a whole one costs
+    assert evaluator.cost().measured_s is None  # cut by a stop: not what a whole one costs
 
 
 @pytest.mark.parametrize("bad", ["piqa,mmlu"])
@@ -108,8 +110,21 @@ def test_an_unknown_task_stops_the_trainer_before_it_starts(demo_data, tmp_path,
 
     from ..conftest import FAST, TINY
 
-    code = train.main(["--config", str(TINY), "--data-dir", str(demo_data), "--ckpt-dir", str(tmp_path / "c"),
-                       "--total-steps", "2", *FAST, "--eval-tasks", bad])
+    code = train.main(
+        [
+            "--config",
+            str(TINY),
+            "--data-dir",
+            str(demo_data),
+            "--ckpt-dir",
+            str(tmp_path / "c"),
+            "--total-steps",
+            "2",
+            *FAST,
+            "--eval-tasks",
+            bad,
+        ]
+    )
     assert code == 2 and "unknown task 'mmlu'; choose among hellaswag" in capsys.readouterr().err
 
 
@@ -124,9 +139,28 @@ def test_the_trainer_logs_task_scores_to_mlflow(demo_data, tmp_path, capfd):
     if not all((sets.cache_dir() / f"{t}.arrow").is_file() for t in ("piqa", "winogrande")):
         pytest.skip("the eval sets are not cached (python -m x1_pretrain.evaluate --fetch)")
     ckpt = tmp_path / "c"
-    assert train.main(["--config", str(TINY), "--data-dir", str(demo_data), "--ckpt-dir", str(ckpt),
-                       "--total-steps", "4", *FAST, "--eval-tasks", "piqa,winogrande", "--eval-tasks-every", "2",
-                       "--eval-tasks-limit", "4"]) == 0
+    assert (
+        train.main(
+            [
+                "--config",
+                str(TINY),
+                "--data-dir",
+                str(demo_data),
+                "--ckpt-dir",
+                str(ckpt),
+                "--total-steps",
+                "4",
+                *FAST,
+                "--eval-tasks",
+                "piqa,winogrande",
+                "--eval-tasks-every",
+                "2",
+                "--eval-tasks-limit",
+                "4",
+            ]
+        )
+        == 0
+    )
     client, runs = run_info(ckpt)
     rid = runs[0].info.run_id
     acc = {m.step: m.value for m in client.get_metric_history(rid, "eval/piqa/acc")}

@@ -22,7 +22,7 @@ def test_a_silent_server_costs_the_close_its_timeout_and_the_resume_delivers_the
             dead.log_metrics(step, {"train/loss": 10.0 - step})
         t0 = time.monotonic()
         dead.close("KILLED", timeout_s=2.0, spill_dir=tmp_path)
-        assert time.monotonic() - t0 < 4.0             # bounded, although every request would wait 60 s
+        assert time.monotonic() - t0 < 4.0  # bounded, although every request would wait 60 s
     finally:
         silent.close()
     (spill,) = tmp_path.glob(f"{SPILL_PREFIX}*.jsonl")
@@ -30,7 +30,7 @@ def test_a_silent_server_costs_the_close_its_timeout_and_the_resume_delivers_the
 
     seed_store(tmp_path / "c")
     live = MlflowTracker(f"sqlite:///{tmp_path / 'c' / 'mlflow.db'}", None, "r")
-    assert live.redeliver(tmp_path, up_to_step=7) == 7   # steps 8-10 are replayed by the resumed run itself
+    assert live.redeliver(tmp_path, up_to_step=7) == 7  # steps 8-10 are replayed by the resumed run itself
     live.close("FINISHED", timeout_s=30.0, spill_dir=tmp_path)
     assert not list(tmp_path.glob(f"{SPILL_PREFIX}*"))
     hist = live._client.get_metric_history(live.run_id, "train/loss")

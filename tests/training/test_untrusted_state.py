@@ -26,8 +26,13 @@ from .test_mirror import _step
 
 
 def _ledger(spent: float, alerts: tuple[str, ...] = (), **memory: Any) -> dict[str, Any]:
-    return {"format": FORMAT, "cap_usd": 35.0, "run_started_utc": "2026-12-01T00:00:00Z",
-            "memory": {"spent_usd": spent, "alerts_sent": list(alerts), **memory}, "events": []}
+    return {
+        "format": FORMAT,
+        "cap_usd": 35.0,
+        "run_started_utc": "2026-12-01T00:00:00Z",
+        "memory": {"spent_usd": spent, "alerts_sent": list(alerts), **memory},
+        "events": [],
+    }
 
 
 def _remote_ledger(store: Store) -> dict[str, Any]:
@@ -66,15 +71,15 @@ def test_a_run_past_the_remotes_newest_step_never_lowers_the_remote_ledger(s3env
     lines: list[str] = []
     mirror_a = Mirror(store, a, keep_last=3, log=lines.append).start()
     try:
-        mirror_a.checkpoint(_step(a, 7, mb=0.05))   # newer than the remote's step 5: it goes up
+        mirror_a.checkpoint(_step(a, 7, mb=0.05))  # newer than the remote's step 5: it goes up
         (a / LEDGER_FILE).write_text(json.dumps(_ledger(1.0, rate_usd_per_hr=1.5)))
         mirror_a.file(LEDGER_FILE)
         assert mirror_a.drain(60)
         assert ck.read_latest(a) == "step_0000007" and store.get_bytes(ck.LATEST) == b"step_0000007\n"
         remote = _remote_ledger(store)
-        assert remote["memory"]["spent_usd"] == 9.0, remote          # not A's $1
+        assert remote["memory"]["spent_usd"] == 9.0, remote  # not A's $1
         assert remote["memory"]["rate_usd_per_hr"] == 2.0
-        assert remote["memory"]["alerts_sent"] == []                 # the writer's own alert state
+        assert remote["memory"]["alerts_sent"] == []  # the writer's own alert state
         assert any("counted $9.00, more than this run's $1.00" in x for x in lines), lines
         (a / LEDGER_FILE).write_text(json.dumps(_ledger(12.5)))
         mirror_a.file(LEDGER_FILE)
@@ -126,14 +131,14 @@ def _upload_step(store: Store, step_dir: Path, *pulling: Path) -> None:
 HOSTILE_STATES = [
     [],
     "a string",
-    {"step": 6},                                             # no files
+    {"step": 6},  # no files
     {"step": 6, "files": []},
     {"step": 6, "files": {"../../outside": "0" * 64}},
     {"step": 6, "files": {"/etc/passwd": "0" * 64}},
     {"step": 6, "files": {"model.safetensors": 7}},
     {"step": "6", "files": {}},
     {"step": True, "files": {}},
-    {"step": 9, "files": {}},                                # not the step of its folder
+    {"step": 9, "files": {}},  # not the step of its folder
     {"step": 6, "files": {}, "rng": []},
     {"step": 6, "files": {}, "rng": {"python": "x"}},
     {"step": 6, "files": {}, "tokens_seen": "many"},
@@ -156,7 +161,7 @@ def test_a_hostile_trainer_state_makes_the_checkpoint_invalid_not_a_crash(s3env,
     assert pull(store, dst, lines.append) == "step_0000003"
     assert any("remote step_0000006 fails verification" in x for x in lines), lines
     assert ck.read_latest(dst) == "step_0000003" and not (dst / "step_0000006").exists()
-    bad = dst / "step_0000006"       # the same folder on this disk: not a checkpoint to resume from
+    bad = dst / "step_0000006"  # the same folder on this disk: not a checkpoint to resume from
     bad.mkdir()
     (bad / ck.STATE_FILE).write_text(text)
     (bad / ck.DONE_FILE).write_text(hashlib.sha256(text.encode()).hexdigest() + "\n")
@@ -202,16 +207,16 @@ def test_the_watchdog_judges_a_start_only_by_a_record_of_that_start(tmp_path):
     ckpt.mkdir()
     wd = W.Watchdog(["python", "-m", "x1_pretrain.train", "--ckpt-dir", str(ckpt)], W.WatchdogOptions())
     started = time.time() - 5
-    assert wd._trainer_code(1, started) == 1                       # nothing recorded
-    _status(ckpt / ck.EXIT_STATUS, 0, time.time() + 3600)          # from the future
+    assert wd._trainer_code(1, started) == 1  # nothing recorded
+    _status(ckpt / ck.EXIT_STATUS, 0, time.time() + 3600)  # from the future
     assert wd._trainer_code(1, started) == 1
-    _status(ckpt / ck.EXIT_STATUS, 4, started - 60)                # an earlier start's
+    _status(ckpt / ck.EXIT_STATUS, 4, started - 60)  # an earlier start's
     assert wd._trainer_code(1, started) == 1
     _status(wd.status_file, 4, time.time() + 3600)
     assert wd._trainer_code(1, started) == 1 and wd._recorded_since(started) is None
-    _status(ckpt / ck.EXIT_STATUS, 5, time.time() - 1)             # this start's, in the checkpoint dir
+    _status(ckpt / ck.EXIT_STATUS, 5, time.time() - 1)  # this start's, in the checkpoint dir
     assert wd._trainer_code(1, started) == 5
-    _status(wd.status_file, 3, time.time() - 1)                    # this start's, in the watchdog's own file
+    _status(wd.status_file, 3, time.time() - 1)  # this start's, in the watchdog's own file
     assert wd._trainer_code(1, started) == 3 and wd._recorded_since(started)["exit_code"] == 3
     wd.cleanup()
 
@@ -224,8 +229,14 @@ def test_a_pulled_ledger_raises_the_money_and_keeps_the_local_alerts_state(s3env
     store = Store(RemoteURL.parse(s3env))
     dst = tmp_path / "dst"
     _upload_step(store, _step(tmp_path / "src", 3, mb=0.05), dst)
-    remote = _ledger(21.5, ("cap-50pct", "cap-80pct", "cap-95pct"), spent_at_utc="2026-12-06T10:00:00Z",
-                     rate_usd_per_hr=3.0, launch_rate_usd_per_hr=2.5, earlier_machines_usd=6.0)
+    remote = _ledger(
+        21.5,
+        ("cap-50pct", "cap-80pct", "cap-95pct"),
+        spent_at_utc="2026-12-06T10:00:00Z",
+        rate_usd_per_hr=3.0,
+        launch_rate_usd_per_hr=2.5,
+        earlier_machines_usd=6.0,
+    )
     remote["run_started_utc"] = "2026-11-30T00:00:00Z"
     store.put_bytes(json.dumps(remote).encode(), LEDGER_FILE)
     local = _ledger(2.0, (), spent_at_utc="2026-12-07T01:00:00Z", rate_usd_per_hr=1.0, machine="vm-2")
@@ -235,8 +246,13 @@ def test_a_pulled_ledger_raises_the_money_and_keeps_the_local_alerts_state(s3env
     pull(store, dst, lines.append)
     got = json.loads((dst / LEDGER_FILE).read_text())
     m = got["memory"]
-    assert (m["spent_usd"], m["spent_at_utc"], m["rate_usd_per_hr"], m["launch_rate_usd_per_hr"],
-            m["earlier_machines_usd"]) == (21.5, "2026-12-06T10:00:00Z", 3.0, 2.5, 6.0)
+    assert (
+        m["spent_usd"],
+        m["spent_at_utc"],
+        m["rate_usd_per_hr"],
+        m["launch_rate_usd_per_hr"],
+        m["earlier_machines_usd"],
+    ) == (21.5, "2026-12-06T10:00:00Z", 3.0, 2.5, 6.0)
     assert m["alerts_sent"] == [] and m["machine"] == "vm-2" and got["events"] == local["events"]
     assert got["run_started_utc"].startswith("2026-11-30")
     assert any("the cost ledger came down ($21.50" in x for x in lines), lines
@@ -247,12 +263,12 @@ def test_a_pulled_ledger_raises_the_money_and_keeps_the_local_alerts_state(s3env
 def test_a_pulled_ledger_never_lowers_a_field_and_a_new_disk_gets_no_alert_marked_sent(s3env, tmp_path):
     store = Store(RemoteURL.parse(s3env))
     store.put_bytes(json.dumps(_ledger(1.0, ("cap-80pct",), rate_usd_per_hr=0.5)).encode(), LEDGER_FILE)
-    here, empty = tmp_path / "here", tmp_path / "empty"   # empty: a new machine's disk, no ledger yet
+    here, empty = tmp_path / "here", tmp_path / "empty"  # empty: a new machine's disk, no ledger yet
     _upload_step(store, _step(tmp_path / "src", 3, mb=0.05), here, empty)
     local = _ledger(8.0, ("cap-50pct",), rate_usd_per_hr=2.0)
     (here / LEDGER_FILE).write_text(json.dumps(local))
     pull(store, here, print)
-    assert json.loads((here / LEDGER_FILE).read_text()) == local     # the remote counted less: untouched
+    assert json.loads((here / LEDGER_FILE).read_text()) == local  # the remote counted less: untouched
     pull(store, empty, print)
     got = json.loads((empty / LEDGER_FILE).read_text())
     assert got["memory"]["spent_usd"] == 1.0 and got["memory"]["alerts_sent"] == []

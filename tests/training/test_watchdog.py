@@ -19,19 +19,21 @@ from ..procs import SMALL_BATCH, Terminal, progress_step, run_info, start, train
 from ..servers import JsonServer, wait_until
 
 
-def fake_trainer(tmp_path, codes: list[int], progress: bool = True,
-                 places: list[tuple[int | None, int | None]] | None = None) -> list[str]:
+def fake_trainer(
+    tmp_path, codes: list[int], progress: bool = True, places: list[tuple[int | None, int | None]] | None = None
+) -> list[str]:
     """A real child process that exits with the next code of ``codes`` and records its argv. Start n logs step
     10*(n+1) (each start gets further, as a run that crashes now and then does) unless ``progress`` is off, or
     the (step logged, newest checkpoint step) of ``places``."""
     script = tmp_path / "fake_train.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import json, os, signal, sys, time
-        state = {str(tmp_path / 'calls.jsonl')!r}
+        state = {str(tmp_path / "calls.jsonl")!r}
         n = sum(1 for _ in open(state)) if os.path.exists(state) else 0
         with open(state, "a") as f:
             f.write(json.dumps({{"argv": sys.argv[1:], "restart": os.environ.get("X1_RESTART_COUNT")}}) + "\\n")
-        ckpt = {str(tmp_path / 'ckpt')!r}
+        ckpt = {str(tmp_path / "ckpt")!r}
         os.makedirs(ckpt, exist_ok=True)
         places = {places!r}
         step, saved = places[n] if places else ((10 * (n + 1) if {progress!r} else None), None)
@@ -45,7 +47,8 @@ def fake_trainer(tmp_path, codes: list[int], progress: bool = True,
         if code < 0:
             os.kill(os.getpid(), -code)
         sys.exit(code)
-    """))
+    """)
+    )
     return [sys.executable, str(script), "--ckpt-dir", str(tmp_path / "ckpt")]
 
 
@@ -74,8 +77,11 @@ def test_relaunches_crashes_preemptions_and_signals_with_resume(tmp_path):
     events = [json.loads(line) for line in log.read_text().splitlines()]
     relaunched = [e for e in events if e["event"] == "relaunched"]
     assert [e["exit_code"] for e in relaunched] == [1, 75, -9]
-    assert [e["reason"] for e in relaunched] == ["unexpected failure", "interrupted after a checkpoint",
-                                                  "killed by SIGKILL"]
+    assert [e["reason"] for e in relaunched] == [
+        "unexpected failure",
+        "interrupted after a checkpoint",
+        "killed by SIGKILL",
+    ]
     assert all(e["downtime_s"] is not None for e in relaunched)
     assert [e["event"] for e in events[-2:]] == ["final_exit", "still_billing"] and events[-2]["restarts"] == 3
 
@@ -95,8 +101,10 @@ def test_backoff_doubles_on_consecutive_crashes():
 def test_the_watchdog_starts_without_torch():
     """The watchdog reads small files and runs a process: it imports neither torch nor MLflow nor boto3, so it starts
     in a fraction of a trainer's time (each relaunch, each test that runs it)."""
-    probe = ("import sys, x1_pretrain.watchdog as w; w.build_parser(); "
-             "print(sorted(m for m in ('torch', 'numpy', 'mlflow', 'boto3') if m in sys.modules))")
+    probe = (
+        "import sys, x1_pretrain.watchdog as w; w.build_parser(); "
+        "print(sorted(m for m in ('torch', 'numpy', 'mlflow', 'boto3') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr[-2000:]
 
@@ -111,8 +119,17 @@ def test_preempted_trainer_is_resumed_and_the_curve_is_continuous(demo_data, tmp
     75, the watchdog relaunches it with --resume-from-latest, and the MLflow run has every step once."""
     ckpt = tmp_path / "c"
     log = tmp_path / "events.jsonl"
-    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--log-file", str(log), "--",
-           *train_cmd(demo_data, ckpt, 10, ckpt_every=1000)]   # FAST's batch: the SIGTERM comes long before the end
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.watchdog",
+        "--backoff-s",
+        "0.1",
+        "--log-file",
+        str(log),
+        "--",
+        *train_cmd(demo_data, ckpt, 10, ckpt_every=1000),
+    ]  # FAST's batch: the SIGTERM comes long before the end
     proc = start(cmd, tmp_path / "out.log")
     wait_for(lambda: progress_step(ckpt) >= 3, proc=proc)
     trainer_pid = json.loads((ckpt / "progress.json").read_text())["pid"]
@@ -133,8 +150,15 @@ def test_sigterm_to_the_watchdog_is_forwarded_and_not_relaunched(demo_data, tmp_
     """SIGTERM to the watchdog reaches the trainer, which checkpoints and exits 75: no relaunch. (SIGHUP, the same
     forwarding as SIGTERM, comes from a real closed terminal in the test after this one.)"""
     ckpt = tmp_path / "c"
-    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--",
-           *train_cmd(demo_data, ckpt, 500, *SMALL_BATCH)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.watchdog",
+        "--backoff-s",
+        "0.1",
+        "--",
+        *train_cmd(demo_data, ckpt, 500, *SMALL_BATCH),
+    ]
     proc = start(cmd, tmp_path / "out.log")
     wait_for(lambda: progress_step(ckpt) >= 2, proc=proc)
     proc.send_signal(signal.SIGTERM)
@@ -162,12 +186,23 @@ def test_a_closed_terminal_stops_the_run_with_its_checkpoint_and_leaves_no_orpha
     as SIGTERM: the trainer runs in its own session, so nothing else signals it), which writes its stop checkpoint
     and exits 75; the watchdog exits 75 without relaunching; nothing is left running."""
     ckpt, events = tmp_path / "c", tmp_path / "events.jsonl"
-    term = Terminal([sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--events-file", str(events),
-                     "--", *train_cmd(demo_data, ckpt, 2000, *SMALL_BATCH)])
+    term = Terminal(
+        [
+            sys.executable,
+            "-m",
+            "x1_pretrain.watchdog",
+            "--backoff-s",
+            "0.1",
+            "--events-file",
+            str(events),
+            "--",
+            *train_cmd(demo_data, ckpt, 2000, *SMALL_BATCH),
+        ]
+    )
     try:
         wait_for(lambda: progress_step(ckpt) >= 3, proc=term.proc)
         trainer = json.loads((ckpt / "progress.json").read_text())["pid"]
-        assert "step" in term.output()   # the run was talking to the terminal
+        assert "step" in term.output()  # the run was talking to the terminal
         term.close()
         assert term.proc.wait(timeout=120) == 75
     finally:
@@ -176,11 +211,11 @@ def test_a_closed_terminal_stops_the_run_with_its_checkpoint_and_leaves_no_orpha
     assert wait_until(lambda: _gone(trainer), timeout=30), "the trainer outlived the closed terminal"
     status = ck.read_exit_status(ckpt)
     assert status["exit_code"] == 75, status
-    assert status_step(ckpt) >= 3   # --ckpt-every 1000: the only checkpoint is the stop's
+    assert status_step(ckpt) >= 3  # --ckpt-every 1000: the only checkpoint is the stop's
     logged = [json.loads(line) for line in events.read_text().splitlines()]
     kinds = [e["event"] for e in logged]
     assert kinds[0] == "stopped" and "relaunched" not in kinds and "still_billing" in kinds
-    assert logged[0]["exit_code"] == 75   # "after the forwarded signal; not relaunching"
+    assert logged[0]["exit_code"] == 75  # "after the forwarded signal; not relaunching"
 
 
 def status_step(ckpt) -> int:
@@ -193,8 +228,18 @@ def test_a_detached_run_does_not_notice_its_terminal_closing(demo_data, tmp_path
     """--detach --log-file: the command returns at once with the pid and how to follow and stop the run; the
     terminal then closes and the run goes on to its end, its output in the log."""
     ckpt, log = tmp_path / "c", tmp_path / "logs" / "run.log"
-    term = Terminal([sys.executable, "-m", "x1_pretrain.watchdog", "--detach", "--log-file", str(log), "--",
-                     *train_cmd(demo_data, ckpt, 4, *SMALL_BATCH, log_every=2)])
+    term = Terminal(
+        [
+            sys.executable,
+            "-m",
+            "x1_pretrain.watchdog",
+            "--detach",
+            "--log-file",
+            str(log),
+            "--",
+            *train_cmd(demo_data, ckpt, 4, *SMALL_BATCH, log_every=2),
+        ]
+    )
     assert term.proc.wait(timeout=60) == 0
     assert wait_until(lambda: "kill -TERM" in term.output(), timeout=10)
     said = term.output()
@@ -229,7 +274,7 @@ def test_the_trainer_does_not_outlive_its_watchdog(demo_data, tmp_path):
 def test_a_crash_loop_is_not_relaunched_forever(tmp_path):
     log = tmp_path / "events.jsonl"
     code = run_watchdog(fake_trainer(tmp_path, [1, 1, 1, 1, 0], progress=False), "--log-file", str(log))
-    assert code == 1 and len(calls(tmp_path)) == 2       # the relaunch got no further: stop there
+    assert code == 1 and len(calls(tmp_path)) == 2  # the relaunch got no further: stop there
     events = [json.loads(line) for line in log.read_text().splitlines()]
     assert [e["event"] for e in events][-2:] == ["crash_loop", "still_billing"]
 
@@ -265,14 +310,26 @@ def test_a_stop_during_the_backoff_is_not_relaunched_and_says_the_machine_bills(
     """SIGTERM while the watchdog waits 60 s before a relaunch: it ends the wait at once, starts nothing, exits
     75 and records that nothing runs."""
     events = tmp_path / "events.jsonl"
-    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "60", "--events-file", str(events), "--",
-           *fake_trainer(tmp_path, [1, 0])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.watchdog",
+        "--backoff-s",
+        "60",
+        "--events-file",
+        str(events),
+        "--",
+        *fake_trainer(tmp_path, [1, 0]),
+    ]
     proc = start(cmd, tmp_path / "out.log")
     try:
-        wait_for(lambda: "relaunching with --resume-from-latest in 60.0 s" in (tmp_path / "out.log").read_text(),
-                 proc=proc, timeout=60)
+        wait_for(
+            lambda: "relaunching with --resume-from-latest in 60.0 s" in (tmp_path / "out.log").read_text(),
+            proc=proc,
+            timeout=60,
+        )
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 75      # the backoff's 60 s were not waited out
+        assert proc.wait(timeout=30) == 75  # the backoff's 60 s were not waited out
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -284,13 +341,13 @@ def test_a_stop_during_the_backoff_is_not_relaunched_and_says_the_machine_bills(
 def test_a_crash_loop_is_two_starts_at_the_same_step_with_no_new_checkpoint(tmp_path):
     """Crashes at other steps, or with a new checkpoint between them, are relaunched (with the backoff) up to
     --max-restarts; only a start that ends where the previous one ended, on the same checkpoint, is a loop."""
-    places = [(20, 10), (15, 15), (15, 15)]   # the second start wrote a new checkpoint (15) and crashed earlier
+    places = [(20, 10), (15, 15), (15, 15)]  # the second start wrote a new checkpoint (15) and crashed earlier
     assert run_watchdog(fake_trainer(tmp_path, [1, 1, 1], places=places)) == 1
-    assert len(calls(tmp_path)) == 3          # started 3 times: the third ended where the second did
+    assert len(calls(tmp_path)) == 3  # started 3 times: the third ended where the second did
     (tmp_path / "calls.jsonl").unlink()
-    places = [(20, 10), (30, 10), (25, 10), (40, 10)]   # the same checkpoint, but each start ends elsewhere
+    places = [(20, 10), (30, 10), (25, 10), (40, 10)]  # the same checkpoint, but each start ends elsewhere
     assert run_watchdog(fake_trainer(tmp_path, [1, 1, 1, 1], places=places), "--max-restarts", "3") == 1
-    assert len(calls(tmp_path)) == 4          # the restart limit ended it, not the crash-loop rule
+    assert len(calls(tmp_path)) == 4  # the restart limit ended it, not the crash-loop rule
 
 
 @pytest.mark.parametrize("code", [0, 2, 5, 6])
@@ -301,8 +358,12 @@ def test_an_ending_that_leaves_the_machine_billing_alerts_with_the_rate(tmp_path
     _budget(budget, 3.0)
     try:
         os.environ["X1_SLACK_WEBHOOK_URL"] = hook.base + "/hook"
-        assert run_watchdog(fake_trainer(tmp_path, [code]), "--budget-cap-usd", "35", "--budget-curr-cost-uri",
-                            str(budget)) == code
+        assert (
+            run_watchdog(
+                fake_trainer(tmp_path, [code]), "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget)
+            )
+            == code
+        )
     finally:
         del os.environ["X1_SLACK_WEBHOOK_URL"]
         hook.close()
@@ -314,16 +375,35 @@ def lambda_api(tmp_path, monkeypatch, remote: str = "s3://x1-runs/unused") -> tu
     """A Lambda API on 127.0.0.1 with one instance (inst-a), and the watchdog flags that end its bill (the
     bundle to ``remote``)."""
     api = JsonServer()
-    api.route("/api/v1/instances", {"data": [{"id": "inst-a", "status": "active", "instance_type": {
-        "name": "gpu_1x_a100", "price_cents_per_hour": 110}}]})
+    api.route(
+        "/api/v1/instances",
+        {
+            "data": [
+                {
+                    "id": "inst-a",
+                    "status": "active",
+                    "instance_type": {"name": "gpu_1x_a100", "price_cents_per_hour": 110},
+                }
+            ]
+        },
+    )
     api.route("/api/v1/instance-operations/terminate", {"data": {"terminated_instances": [{"id": "inst-a"}]}})
     monkeypatch.setenv("LAMBDA_API_KEY", "sk-test")
-    return api, ["--terminate-on-exit", "lambda", "--provider-base-url", api.base, "--export-to",
-                 str(tmp_path / "out"), "--bundle-remote", remote]
+    return api, [
+        "--terminate-on-exit",
+        "lambda",
+        "--provider-base-url",
+        api.base,
+        "--export-to",
+        str(tmp_path / "out"),
+        "--bundle-remote",
+        remote,
+    ]
 
 
 def test_terminate_on_exit_after_a_crash_loop_ends_the_run_at_its_checkpoint_exports_and_terminates(
-        demo_data, tmp_path, monkeypatch, s3, s3env):
+    demo_data, tmp_path, monkeypatch, s3, s3env
+):
     """A real run's checkpoints, then a trainer that crashes twice at the same place: with --terminate-on-exit
     the run ends at its last complete checkpoint (final files, MLflow FINISHED), is exported and uploaded with
     that checkpoint to the real S3 server, and only then is the instance terminated."""
@@ -334,14 +414,14 @@ def test_terminate_on_exit_after_a_crash_loop_ends_the_run_at_its_checkpoint_exp
     ckpt = tmp_path / "ckpt"
     assert train.main(train_cmd(demo_data, ckpt, 4, *SMALL_BATCH, ckpt_every=2)[3:]) == 0
     client, (run,) = run_info(ckpt)
-    client.set_terminated(run.info.run_id, "FAILED")      # as a crashed trainer leaves it
+    client.set_terminated(run.info.run_id, "FAILED")  # as a crashed trainer leaves it
     (ckpt / ck.FINAL_MODEL).unlink()
     (ckpt / "exit_status.json").unlink()
     api, end = lambda_api(tmp_path, monkeypatch, s3env + "/bundle")
     prefix, seen = s3env.split("/", 3)[3], []
 
     def terminate(body: bytes) -> tuple[int, dict]:
-        seen.append(set(s3.keys(prefix)))   # what the bucket held when the request came
+        seen.append(set(s3.keys(prefix)))  # what the bucket held when the request came
         return 200, {"data": {"terminated_instances": [{"id": "inst-a"}]}}
 
     api.route("/api/v1/instance-operations/terminate", terminate)
@@ -364,10 +444,31 @@ def test_a_stopped_trainer_cannot_spend_past_the_cap(demo_data, tmp_path):
     hook.route("/hook", {"ok": True})
     ckpt, budget = tmp_path / "c", tmp_path / "budget.json"
     _budget(budget, 10.0)
-    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--budget-poll-s", "0.3", "--budget-kill-grace-s", "2",
-           "--log-file", str(tmp_path / "events.jsonl"), "--",
-           *train_cmd(demo_data, ckpt, 2000, "--budget-cap-usd", "35", "--budget-curr-cost-uri", str(budget),
-                      "--budget-check-every-min", "60", "--force-launch", *SMALL_BATCH)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.watchdog",
+        "--budget-poll-s",
+        "0.3",
+        "--budget-kill-grace-s",
+        "2",
+        "--log-file",
+        str(tmp_path / "events.jsonl"),
+        "--",
+        *train_cmd(
+            demo_data,
+            ckpt,
+            2000,
+            "--budget-cap-usd",
+            "35",
+            "--budget-curr-cost-uri",
+            str(budget),
+            "--budget-check-every-min",
+            "60",
+            "--force-launch",
+            *SMALL_BATCH,
+        ),
+    ]
     env = {**os.environ, "X1_SLACK_WEBHOOK_URL": hook.base + "/hook"}
     with open(tmp_path / "out.log", "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -383,7 +484,7 @@ def test_a_stopped_trainer_cannot_spend_past_the_cap(demo_data, tmp_path):
         if proc.poll() is None:
             proc.kill()
         hook.close()
-    assert took < 0.3 + 2 + 5, f"{took:.1f} s"        # one poll + the kill grace (+ slack for a busy machine)
+    assert took < 0.3 + 2 + 5, f"{took:.1f} s"  # one poll + the kill grace (+ slack for a busy machine)
     assert wait_until(lambda: _gone(trainer), timeout=10)
     out = (tmp_path / "out.log").read_text()
     assert "ending the trainer's process group" in out and "relaunching with" not in out
@@ -395,9 +496,18 @@ def _budget(path, spent: float) -> None:
     from datetime import datetime, timezone
 
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"spent_usd": spent, "rate_usd_per_hr": 1.1, "hours_elapsed": 1,
-                               "projected_total_usd": spent, "fixed_usd": {"disk_usd": 0, "egress_usd": 0},
-                               "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}))
+    tmp.write_text(
+        json.dumps(
+            {
+                "spent_usd": spent,
+                "rate_usd_per_hr": 1.1,
+                "hours_elapsed": 1,
+                "projected_total_usd": spent,
+                "fixed_usd": {"disk_usd": 0, "egress_usd": 0},
+                "last_update_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }
+        )
+    )
     tmp.replace(path)
 
 
@@ -413,7 +523,7 @@ def test_the_watchdog_ends_the_bill_only_when_the_run_is_over(tmp_path, monkeypa
         assert api.bodies("/api/v1/instance-operations/terminate") == [{"instance_ids": ["inst-a"]}]
     finally:
         api.close()
-    assert W_cli.main(["--terminate-on-exit", "lambda", "--", "x"]) == 2   # --export-to is required
+    assert W_cli.main(["--terminate-on-exit", "lambda", "--", "x"]) == 2  # --export-to is required
 
 
 def test_terminate_on_exit_without_a_remote_is_refused_at_launch(tmp_path, capsys, monkeypatch):
@@ -423,12 +533,27 @@ def test_terminate_on_exit_without_a_remote_is_refused_at_launch(tmp_path, capsy
     assert W_cli.main(["--terminate-on-exit", "lambda", "--export-to", str(tmp_path / "out"), "--", *train]) == 2
     err = capsys.readouterr().err
     assert "instance's own disk" in err and "--bundle-remote" in err and "--ckpt-remote" in err
-    assert W_cli.main(["--terminate-on-exit", "lambda", "--export-to", str(tmp_path / "out"), "--bundle-remote",
-                       "not-a-url", "--", *train]) == 2
+    assert (
+        W_cli.main(
+            [
+                "--terminate-on-exit",
+                "lambda",
+                "--export-to",
+                str(tmp_path / "out"),
+                "--bundle-remote",
+                "not-a-url",
+                "--",
+                *train,
+            ]
+        )
+        == 2
+    )
     assert "expected s3://BUCKET/PREFIX" in capsys.readouterr().err
     # the train command's --ckpt-remote is the default remote: PREFIX/bundle
-    end = W_cli.options(W_cli.build_parser().parse_args(["--terminate-on-exit", "lambda", "--export-to", "o"]),
-                        [*train, "--ckpt-remote", "s3://x1-runs/exp/"]).end_of_bill
+    end = W_cli.options(
+        W_cli.build_parser().parse_args(["--terminate-on-exit", "lambda", "--export-to", "o"]),
+        [*train, "--ckpt-remote", "s3://x1-runs/exp/"],
+    ).end_of_bill
     assert end is not None and end.bundle_remote == "s3://x1-runs/exp/bundle"
 
 
@@ -437,18 +562,20 @@ def test_a_node_without_rank_0_is_not_taken_for_a_crash_loop(tmp_path):
     trainer record an exit (as rank 1) but no progress, and must relaunch instead of calling it a crash loop
     (rank 0's node's watchdog judges that). A start that records nothing twice is still one."""
     script = tmp_path / "node1.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import os, sys
         os.environ["RANK"] = "1"
         from x1_pretrain.training.checkpoint import write_exit_status
-        state = {str(tmp_path / 'calls.jsonl')!r}
+        state = {str(tmp_path / "calls.jsonl")!r}
         n = sum(1 for _ in open(state)) if os.path.exists(state) else 0
         with open(state, "a") as f:
             f.write("{{}}\\n")
         code = [1, 1, 1, 0][n]
         write_exit_status(None, code, "rank 0's exit code" if code == 0 else "another rank stopped answering")
         sys.exit(code)
-    """))
+    """)
+    )
     assert run_watchdog([sys.executable, str(script), "--ckpt-dir", str(tmp_path / "ckpt")]) == 0
     assert len(calls(tmp_path)) == 4
 
@@ -467,14 +594,26 @@ STATUS_PROBE = textwrap.dedent("""
 def test_the_exit_status_file_lives_in_the_runs_dir_for_its_owner_only(tmp_path):
     """The trainer's exit code reaches its watchdog through a file in the checkpoint dir (created 0600 under a
     permissive umask), not a predictable name in /tmp; the watchdog acts on it and removes it at the end."""
-    ckpt = tmp_path / "run" / "ckpt"   # not there yet: the watchdog makes it
-    cmd = [sys.executable, "-m", "x1_pretrain.watchdog", "--backoff-s", "0.1", "--",
-           sys.executable, "-c", STATUS_PROBE, "--ckpt-dir", str(ckpt)]
-    r = subprocess.run(["sh", "-c", 'umask 000; exec "$@"', "sh", *cmd], cwd=REPO, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 3, r.stderr[-2000:]   # the child exited 0; its recorded 3 is what counts
+    ckpt = tmp_path / "run" / "ckpt"  # not there yet: the watchdog makes it
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.watchdog",
+        "--backoff-s",
+        "0.1",
+        "--",
+        sys.executable,
+        "-c",
+        STATUS_PROBE,
+        "--ckpt-dir",
+        str(ckpt),
+    ]
+    r = subprocess.run(
+        ["sh", "-c", 'umask 000; exec "$@"', "sh", *cmd], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 3, r.stderr[-2000:]  # the child exited 0; its recorded 3 is what counts
     assert "recorded exit 3" in r.stderr
     probe = json.loads((ckpt / "probe.json").read_text())
     status = ckpt.resolve() / probe["path"].rsplit("/", 1)[-1]
     assert probe["path"] == str(status) and status.name.startswith(".watchdog-") and probe["mode"] == 0o600
-    assert not status.exists()   # the watchdog's own file goes with it
+    assert not status.exists()  # the watchdog's own file goes with it

@@ -153,17 +153,16 @@ class Alerter:
                 print(f"[alerts] {ch.name} ({ch.where}) failed: {error}", file=self.log or sys.stderr, flush=True)
         return results
 
-
     def send_within(self, subject: str, body: str, deadline_s: float = 20.0) -> dict[str, str | None]:
         """``send`` on a helper thread, waiting at most ``deadline_s`` (for paths that must exit soon)."""
         results: dict[str, str | None] = {}
-        helper = threading.Thread(target=lambda: results.update(self.send(subject, body)), daemon=True,
-                                  name="x1-alert")
+        helper = threading.Thread(target=lambda: results.update(self.send(subject, body)), daemon=True, name="x1-alert")
         helper.start()
         helper.join(deadline_s)
         if helper.is_alive():
-            print(f"[alerts] not every channel answered within {deadline_s:g} s", file=self.log or sys.stderr,
-                  flush=True)
+            print(
+                f"[alerts] not every channel answered within {deadline_s:g} s", file=self.log or sys.stderr, flush=True
+            )
         return results
 
 
@@ -197,10 +196,14 @@ def _smtp_from_env(env: Mapping[str, str]) -> SmtpChannel | None:
     if not recipients:
         problems.append("X1_SMTP_TO is not set; set it to one or more comma-separated addresses")
     return SmtpChannel(
-        host=host, port=port, starttls=tls_text not in _FALSE, user=user,
+        host=host,
+        port=port,
+        starttls=tls_text not in _FALSE,
+        user=user,
         password=env.get("X1_SMTP_PASSWORD") or None,
         sender=env.get("X1_SMTP_FROM", "").strip() or user or "x1-pretrain@localhost",
-        recipients=recipients, ca_file=env.get("X1_SMTP_CA_FILE", "").strip() or None,
+        recipients=recipients,
+        ca_file=env.get("X1_SMTP_CA_FILE", "").strip() or None,
         problem="; ".join(problems) or None,
     )
 

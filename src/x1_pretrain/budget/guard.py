@@ -45,9 +45,9 @@ from .money import DEFAULT_RESERVE_MIN, Lines, Money
 
 FIELDS = ("spent_usd", "rate_usd_per_hr", "hours_elapsed", "projected_total_usd", "last_update_utc")
 FUTURE_TOLERANCE = timedelta(minutes=2)
-DOWN_TOLERANCE_USD = 0.01       # readings this close below the memory are rounding, not a fall
-JUMP_SLACK_USD = 0.50           # a rise this small is never called a jump
-STALE_AFTER_INTERVALS = 3.0     # a reading older than this many sidecar intervals is stale (warned, aged)
+DOWN_TOLERANCE_USD = 0.01  # readings this close below the memory are rounding, not a fall
+JUMP_SLACK_USD = 0.50  # a rise this small is never called a jump
+STALE_AFTER_INTERVALS = 3.0  # a reading older than this many sidecar intervals is stale (warned, aged)
 
 
 class Action(str, Enum):
@@ -68,13 +68,17 @@ class Snapshot:
     hours_elapsed: float
     projected_total_usd: float
     last_update_utc: datetime
-    fixed_usd: float | None = None     # the fixed lines spent_usd already carries (None: an older sidecar)
-    machine: str | None = None         # which machine's bill: "provider:instance id" or "provider:started <utc>"
+    fixed_usd: float | None = None  # the fixed lines spent_usd already carries (None: an older sidecar)
+    machine: str | None = None  # which machine's bill: "provider:instance id" or "provider:started <utc>"
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"spent_usd": self.spent_usd, "rate_usd_per_hr": self.rate_usd_per_hr,
-                               "hours_elapsed": self.hours_elapsed, "projected_total_usd": self.projected_total_usd,
-                               "last_update_utc": format_time(self.last_update_utc)}
+        out: dict[str, Any] = {
+            "spent_usd": self.spent_usd,
+            "rate_usd_per_hr": self.rate_usd_per_hr,
+            "hours_elapsed": self.hours_elapsed,
+            "projected_total_usd": self.projected_total_usd,
+            "last_update_utc": format_time(self.last_update_utc),
+        }
         if self.fixed_usd is not None:
             out["fixed_usd"] = self.fixed_usd
         if self.machine is not None:
@@ -97,18 +101,18 @@ class Limits:
     sidecar_interval_min: float = 5.0
     stale_after_intervals: float = STALE_AFTER_INTERVALS
     unknown_grace_min: float = 60.0
-    rate_tolerance: float = 2.0        # a rate above x2 or below /2 of the launch rate is flagged
+    rate_tolerance: float = 2.0  # a rate above x2 or below /2 of the launch rate is flagged
     lines: Lines = field(default_factory=Lines)  # added to projections when a reading does not carry its fixed lines
-    reserve_min: float = DEFAULT_RESERVE_MIN   # final checkpoint, export and shutdown, after the last step
+    reserve_min: float = DEFAULT_RESERVE_MIN  # final checkpoint, export and shutdown, after the last step
 
 
 @dataclass(frozen=True)
 class Progress:
     steps_done: int
     total_steps: int
-    steps_per_hour: float | None        # measured in this process; None before enough steps
-    final_checkpoint_s: float = 0.0     # the reserve: final checkpoint, export and shutdown
-    final_eval_s: float = 0.0           # ... and the task evaluation at the end (train.eval_tasks)
+    steps_per_hour: float | None  # measured in this process; None before enough steps
+    final_checkpoint_s: float = 0.0  # the reserve: final checkpoint, export and shutdown
+    final_eval_s: float = 0.0  # ... and the task evaluation at the end (train.eval_tasks)
 
 
 @dataclass(frozen=True)
@@ -118,14 +122,14 @@ class Memory:
 
     last_good: Snapshot | None = None
     alerted: frozenset[str] = field(default_factory=frozenset)
-    unknown_since: datetime | None = None    # first check that found no usable reading at all
-    spent_usd: float | None = None           # the spend used at the last check (never decreases)
-    spent_at: datetime | None = None         # when that check was
-    rate_usd_per_hr: float | None = None     # the newest trusted (positive) rate: ages the spend
+    unknown_since: datetime | None = None  # first check that found no usable reading at all
+    spent_usd: float | None = None  # the spend used at the last check (never decreases)
+    spent_at: datetime | None = None  # when that check was
+    rate_usd_per_hr: float | None = None  # the newest trusted (positive) rate: ages the spend
     launch_rate_usd_per_hr: float | None = None
-    machine: str | None = None               # the machine whose readings the spend follows now
-    earlier_usd: float = 0.0                 # compute billed on the run's other machines (in spent_usd too)
-    machines: tuple[tuple[str, float], ...] = ()   # (machine, its compute bill) of each other machine
+    machine: str | None = None  # the machine whose readings the spend follows now
+    earlier_usd: float = 0.0  # compute billed on the run's other machines (in spent_usd too)
+    machines: tuple[tuple[str, float], ...] = ()  # (machine, its compute bill) of each other machine
 
     def spend_at(self, now: datetime) -> float | None:
         """The memory's spend aged to ``now`` at its rate."""
@@ -144,10 +148,10 @@ class Decision:
     projected_usd: float | None
     own_projection_usd: float | None
     file_projection_usd: float | None
-    alerts: tuple[str, ...] = ()        # messages to send now (each fires once per crossing)
-    warnings: tuple[str, ...] = ()      # faults to log now
+    alerts: tuple[str, ...] = ()  # messages to send now (each fires once per crossing)
+    warnings: tuple[str, ...] = ()  # faults to log now
     rate_usd_per_hr: float | None = None  # the rate the estimate ages at
-    cause: str = ""                     # why it stops: "cap" (spent), "projection" or "unknown"; "" otherwise
+    cause: str = ""  # why it stops: "cap" (spent), "projection" or "unknown"; "" otherwise
 
 
 def _hours(d: timedelta) -> float:
@@ -184,8 +188,17 @@ def parse(data: Any) -> Reading:
     t = parse_time(data["last_update_utc"])
     if t is None:
         return Reading(None, f"budget.json last_update_utc {data['last_update_utc']!r} is not an ISO-8601 time")
-    return Reading(Snapshot(nums["spent_usd"], nums["rate_usd_per_hr"], nums["hours_elapsed"],
-                            nums["projected_total_usd"], t, _fixed(data.get("fixed_usd")), machine_of(data)))
+    return Reading(
+        Snapshot(
+            nums["spent_usd"],
+            nums["rate_usd_per_hr"],
+            nums["hours_elapsed"],
+            nums["projected_total_usd"],
+            t,
+            _fixed(data.get("fixed_usd")),
+            machine_of(data),
+        )
+    )
 
 
 def machine_of(data: dict[str, Any]) -> str | None:
@@ -235,13 +248,19 @@ def _check_rate(snap: Snapshot, limits: Limits, notes: _Notes) -> float | None:
     """The reading's rate if it can be trusted for ageing, else None (flagged)."""
     rate, launch = snap.rate_usd_per_hr, notes.memory.launch_rate_usd_per_hr
     if rate <= 0:
-        notes.once("rate_zero", f"budget.json rate_usd_per_hr is {rate:g}: a running instance costs money; "
-                                "ageing the spend at the last trusted rate instead (check the sidecar)")
+        notes.once(
+            "rate_zero",
+            f"budget.json rate_usd_per_hr is {rate:g}: a running instance costs money; "
+            "ageing the spend at the last trusted rate instead (check the sidecar)",
+        )
         return None
     notes.rearm("rate_zero")
     if launch and not launch / limits.rate_tolerance <= rate <= launch * limits.rate_tolerance:
-        notes.once("rate_far", f"the rate ${rate:.2f}/h is far from the launch rate ${launch:.2f}/h (more than "
-                               f"x{limits.rate_tolerance:g} away): check the instance's price")
+        notes.once(
+            "rate_far",
+            f"the rate ${rate:.2f}/h is far from the launch rate ${launch:.2f}/h (more than "
+            f"x{limits.rate_tolerance:g} away): check the instance's price",
+        )
     else:
         notes.rearm("rate_far")
     return rate
@@ -251,14 +270,18 @@ def _check_jump(snap: Snapshot, rate: float | None, notes: _Notes) -> None:
     prev = notes.memory.last_good
     if prev is None or snap.last_update_utc <= prev.last_update_utc:
         return
-    fastest = max(r for r in (rate, notes.memory.rate_usd_per_hr, notes.memory.launch_rate_usd_per_hr, 0.0)
-                  if r is not None)
+    fastest = max(
+        r for r in (rate, notes.memory.rate_usd_per_hr, notes.memory.launch_rate_usd_per_hr, 0.0) if r is not None
+    )
     allowed = fastest * _hours(snap.last_update_utc - prev.last_update_utc) * 1.5 + JUMP_SLACK_USD
     rise = snap.spent_usd - prev.spent_usd
     if rise > allowed:
         minutes = _hours(snap.last_update_utc - prev.last_update_utc) * 60
-        notes.once("jump", f"spend jumped by ${rise:.2f} in {minutes:.0f} min, more than ${fastest:.2f}/h allows "
-                           f"(${allowed:.2f}); taking the higher number")
+        notes.once(
+            "jump",
+            f"spend jumped by ${rise:.2f} in {minutes:.0f} min, more than ${fastest:.2f}/h allows "
+            f"(${allowed:.2f}); taking the higher number",
+        )
     else:
         notes.rearm("jump")
 
@@ -270,12 +293,15 @@ def _switch_machine(machine: str, notes: _Notes) -> None:
     fixed = (m.last_good.fixed_usd or 0.0) if m.last_good else 0.0
     bills = dict(m.machines)
     bills[str(m.machine)] = round(max((m.spent_usd or 0.0) - m.earlier_usd - fixed, 0.0), 4)
-    bills.pop(machine, None)   # back on a machine seen before: its own reading carries its whole bill
+    bills.pop(machine, None)  # back on a machine seen before: its own reading carries its whole bill
     earlier = sum(bills.values())
-    notes.warnings.append(f"budget: the run is on another machine ({machine}; was {m.machine}): the "
-                          f"${earlier:.2f} of compute counted on the other machines is added to this machine's bill")
-    notes.memory = replace(m, machine=machine, earlier_usd=earlier, last_good=None,
-                           machines=tuple(sorted(bills.items())))
+    notes.warnings.append(
+        f"budget: the run is on another machine ({machine}; was {m.machine}): the "
+        f"${earlier:.2f} of compute counted on the other machines is added to this machine's bill"
+    )
+    notes.memory = replace(
+        m, machine=machine, earlier_usd=earlier, last_good=None, machines=tuple(sorted(bills.items()))
+    )
 
 
 def _accept(snap: Snapshot, limits: Limits, now: datetime, notes: _Notes) -> float:
@@ -285,8 +311,13 @@ def _accept(snap: Snapshot, limits: Limits, now: datetime, notes: _Notes) -> flo
     m = notes.memory
     trusted = rate or m.rate_usd_per_hr or m.launch_rate_usd_per_hr or 0.0
     aged = m.earlier_usd + snap.spent_usd + trusted * _hours(now - snap.last_update_utc)
-    notes.memory = replace(m, last_good=snap, unknown_since=None, rate_usd_per_hr=trusted or None,
-                           launch_rate_usd_per_hr=m.launch_rate_usd_per_hr or rate)
+    notes.memory = replace(
+        m,
+        last_good=snap,
+        unknown_since=None,
+        rate_usd_per_hr=trusted or None,
+        launch_rate_usd_per_hr=m.launch_rate_usd_per_hr or rate,
+    )
     return aged
 
 
@@ -299,8 +330,11 @@ def _no_reading(limits: Limits, now: datetime, notes: _Notes) -> str | None:
         waited = _hours(now - since) * 60
         if waited > limits.unknown_grace_min:
             return f"no valid budget reading in {waited:.0f} min (grace {limits.unknown_grace_min:g} min)"
-        notes.once("unknown", f"spend unknown for {waited:.0f} min (no valid budget reading yet); stopping with a "
-                              f"checkpoint after {limits.unknown_grace_min:g} min without one")
+        notes.once(
+            "unknown",
+            f"spend unknown for {waited:.0f} min (no valid budget reading yet); stopping with a "
+            f"checkpoint after {limits.unknown_grace_min:g} min without one",
+        )
         return None
     age_min = _hours(now - m.last_good.last_update_utc) * 60
     if age_min > limits.unknown_grace_min:
@@ -308,13 +342,17 @@ def _no_reading(limits: Limits, now: datetime, notes: _Notes) -> str | None:
     return None
 
 
-def decide(reading: Reading, limits: Limits, now: datetime, progress: Progress,
-           memory: Memory) -> tuple[Decision, Memory]:
+def decide(
+    reading: Reading, limits: Limits, now: datetime, progress: Progress, memory: Memory
+) -> tuple[Decision, Memory]:
     notes = _Notes(memory)
     snap = reading.snapshot
     if snap is not None and snap.last_update_utc - now > FUTURE_TOLERANCE:
-        notes.once("future", f"budget.json last_update_utc {format_time(snap.last_update_utc)} is in the future "
-                             f"(now {format_time(now)}); ignoring it (clock skew or a broken sidecar)")
+        notes.once(
+            "future",
+            f"budget.json last_update_utc {format_time(snap.last_update_utc)} is in the future "
+            f"(now {format_time(now)}); ignoring it (clock skew or a broken sidecar)",
+        )
         snap = None
     elif snap is not None:
         notes.rearm("future")
@@ -324,9 +362,14 @@ def decide(reading: Reading, limits: Limits, now: datetime, progress: Progress,
     elif snap is not None:
         notes.rearm("unreadable")
     prior = memory.spend_at(now)
-    if snap is not None and snap.machine and memory.machine and snap.machine != memory.machine \
-            and memory.spent_usd is not None:
-        prior = memory.spent_usd   # the earlier machine is gone: its bill is what was counted, not aged on
+    if (
+        snap is not None
+        and snap.machine
+        and memory.machine
+        and snap.machine != memory.machine
+        and memory.spent_usd is not None
+    ):
+        prior = memory.spent_usd  # the earlier machine is gone: its bill is what was counted, not aged on
         _switch_machine(snap.machine, notes)
     elif snap is not None and snap.machine and not memory.machine:
         notes.memory = replace(notes.memory, machine=snap.machine)
@@ -338,8 +381,11 @@ def decide(reading: Reading, limits: Limits, now: datetime, progress: Progress,
         return _finish(notes, unknown, limits, now, progress, None, None)
     spent = max(candidates)
     if aged is not None and prior is not None and aged < prior - DOWN_TOLERANCE_USD:
-        notes.once("went_down", f"budget reading ${aged:.2f} (aged) is below the ${prior:.2f} already counted: "
-                                f"keeping ${prior:.2f} (a restarted sidecar or a rewritten past?)")
+        notes.once(
+            "went_down",
+            f"budget reading ${aged:.2f} (aged) is below the ${prior:.2f} already counted: "
+            f"keeping ${prior:.2f} (a restarted sidecar or a rewritten past?)",
+        )
     elif aged is not None:
         notes.rearm("went_down")
     notes.memory = replace(notes.memory, spent_usd=spent, spent_at=now)
@@ -354,23 +400,47 @@ def _stale(notes: _Notes, limits: Limits, now: datetime) -> None:
     stale_after = limits.stale_after_intervals * limits.sidecar_interval_min
     if age_min > stale_after:
         rate = notes.memory.rate_usd_per_hr or 0.0
-        notes.once("stale", f"budget reading is {age_min:.0f} min old (stale after {stale_after:g} min); ageing the "
-                            f"spend at ${rate:.2f}/h")
+        notes.once(
+            "stale",
+            f"budget reading is {age_min:.0f} min old (stale after {stale_after:g} min); ageing the "
+            f"spend at ${rate:.2f}/h",
+        )
     else:
         notes.rearm("stale")
 
 
-def _finish(notes: _Notes, unknown: str | None, limits: Limits, now: datetime, progress: Progress,
-            spent: float | None, aged: float | None) -> tuple[Decision, Memory]:
+def _finish(
+    notes: _Notes,
+    unknown: str | None,
+    limits: Limits,
+    now: datetime,
+    progress: Progress,
+    spent: float | None,
+    aged: float | None,
+) -> tuple[Decision, Memory]:
     m = notes.memory
     rate = m.rate_usd_per_hr
     if spent is not None and spent > limits.cap_usd:
-        return _decision(notes, Action.EXIT_NOW, f"spent ${spent:.2f} is above the cap ${limits.cap_usd:.2f}: "
-                         "exiting now, without a checkpoint", spent, spent, None, None)
+        return _decision(
+            notes,
+            Action.EXIT_NOW,
+            f"spent ${spent:.2f} is above the cap ${limits.cap_usd:.2f}: exiting now, without a checkpoint",
+            spent,
+            spent,
+            None,
+            None,
+        )
     if unknown is not None:
         notes.once("unknown", f"spend unknown: {unknown}")
-        return _decision(notes, Action.CHECKPOINT_AND_EXIT, f"spend unknown: {unknown}; unknown spend is not "
-                         "safe spend", spent, None, None, None)
+        return _decision(
+            notes,
+            Action.CHECKPOINT_AND_EXIT,
+            f"spend unknown: {unknown}; unknown spend is not safe spend",
+            spent,
+            None,
+            None,
+            None,
+        )
     if spent is None:
         msg = notes.alerts[-1] if notes.alerts else "spend unknown (no valid budget reading yet)"
         return _decision(notes, Action.ALERT if notes.alerts else Action.CONTINUE, msg, None, None, None, None)
@@ -380,36 +450,76 @@ def _finish(notes: _Notes, unknown: str | None, limits: Limits, now: datetime, p
         own = money_now(limits, m, spent, progress).total_usd(remaining_h, buffer=False)
     # the sidecar's own projection (its planned hours from its start) is one machine's: after a move it would
     # count the earlier machines' hours again, so then only the guard's projection (steps left) counts
-    file_proj = m.last_good.projected_total_usd + (spent - m.last_good.spent_usd) \
-        if m.last_good and not m.machines else None
+    file_proj = (
+        m.last_good.projected_total_usd + (spent - m.last_good.spent_usd) if m.last_good and not m.machines else None
+    )
     projected = max(x for x in (own, file_proj, spent) if x is not None)
     if projected > limits.cap_usd:
-        return _decision(notes, Action.CHECKPOINT_AND_EXIT, f"projected total ${projected:.2f} is above the cap "
-                         f"${limits.cap_usd:.2f} (spent ${spent:.2f}): checkpoint and exit", spent, projected, own,
-                         file_proj)
+        return _decision(
+            notes,
+            Action.CHECKPOINT_AND_EXIT,
+            f"projected total ${projected:.2f} is above the cap "
+            f"${limits.cap_usd:.2f} (spent ${spent:.2f}): checkpoint and exit",
+            spent,
+            projected,
+            own,
+            file_proj,
+        )
     if spent > limits.alert_usd:
-        notes.once("alert_line", f"spent ${spent:.2f} is above the alert line ${limits.alert_usd:.2f} (cap "
-                                 f"${limits.cap_usd:.2f}, projected ${projected:.2f}); training continues", warn=False)
+        notes.once(
+            "alert_line",
+            f"spent ${spent:.2f} is above the alert line ${limits.alert_usd:.2f} (cap "
+            f"${limits.cap_usd:.2f}, projected ${projected:.2f}); training continues",
+            warn=False,
+        )
     else:
         notes.rearm("alert_line")
     action = Action.ALERT if notes.alerts else Action.CONTINUE
-    reason = notes.alerts[-1] if notes.alerts else \
-        f"spent ${spent:.2f}, projected ${projected:.2f} of ${limits.cap_usd:.2f}"
+    reason = (
+        notes.alerts[-1] if notes.alerts else f"spent ${spent:.2f}, projected ${projected:.2f} of ${limits.cap_usd:.2f}"
+    )
     return _decision(notes, action, reason, spent, projected, own, file_proj)
 
 
 def money_now(limits: Limits, memory: Memory, spent: float, progress: Progress | None = None) -> Money:
     """Where the money stands at a check, in the planner's terms (budget/money.py)."""
-    reserve = max(limits.reserve_min, (progress.final_checkpoint_s if progress else 0.0) / 60) + \
-        (progress.final_eval_s if progress else 0.0) / 60
+    reserve = (
+        max(limits.reserve_min, (progress.final_checkpoint_s if progress else 0.0) / 60)
+        + (progress.final_eval_s if progress else 0.0) / 60
+    )
     fixed_in = memory.last_good is not None and memory.last_good.fixed_usd is not None
-    return Money(limits.cap_usd, memory.rate_usd_per_hr or 0.0, lines=limits.lines, spent_usd=spent,
-                 fixed_in_spent=fixed_in, reserve_min=reserve)
+    return Money(
+        limits.cap_usd,
+        memory.rate_usd_per_hr or 0.0,
+        lines=limits.lines,
+        spent_usd=spent,
+        fixed_in_spent=fixed_in,
+        reserve_min=reserve,
+    )
 
 
-def _decision(notes: _Notes, action: Action, reason: str, spent: float | None, projected: float | None,
-              own: float | None, file_proj: float | None) -> tuple[Decision, Memory]:
-    cause = {Action.EXIT_NOW: "cap", Action.CHECKPOINT_AND_EXIT: "unknown" if reason.startswith("spend unknown")
-             else "projection"}.get(action, "")
-    return Decision(action, reason, spent, projected, own, file_proj, tuple(notes.alerts), tuple(notes.warnings),
-                    notes.memory.rate_usd_per_hr, cause), notes.memory
+def _decision(
+    notes: _Notes,
+    action: Action,
+    reason: str,
+    spent: float | None,
+    projected: float | None,
+    own: float | None,
+    file_proj: float | None,
+) -> tuple[Decision, Memory]:
+    cause = {
+        Action.EXIT_NOW: "cap",
+        Action.CHECKPOINT_AND_EXIT: "unknown" if reason.startswith("spend unknown") else "projection",
+    }.get(action, "")
+    return Decision(
+        action,
+        reason,
+        spent,
+        projected,
+        own,
+        file_proj,
+        tuple(notes.alerts),
+        tuple(notes.warnings),
+        notes.memory.rate_usd_per_hr,
+        cause,
+    ), notes.memory

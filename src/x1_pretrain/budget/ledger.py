@@ -32,12 +32,15 @@ MAX_EVENTS = 500
 
 def memory_to_json(m: Memory) -> dict[str, Any]:
     return {
-        "spent_usd": m.spent_usd, "spent_at_utc": format_time(m.spent_at) if m.spent_at else None,
-        "rate_usd_per_hr": m.rate_usd_per_hr, "launch_rate_usd_per_hr": m.launch_rate_usd_per_hr,
+        "spent_usd": m.spent_usd,
+        "spent_at_utc": format_time(m.spent_at) if m.spent_at else None,
+        "rate_usd_per_hr": m.rate_usd_per_hr,
+        "launch_rate_usd_per_hr": m.launch_rate_usd_per_hr,
         "last_reading": m.last_good.to_json() if m.last_good else None,
         "alerts_sent": sorted(m.alerted),
         "unknown_since_utc": format_time(m.unknown_since) if m.unknown_since else None,
-        "machine": m.machine, "earlier_machines_usd": m.earlier_usd,
+        "machine": m.machine,
+        "earlier_machines_usd": m.earlier_usd,
         "machines": [{"machine": k, "compute_usd": v} for k, v in m.machines],
     }
 
@@ -51,14 +54,22 @@ def memory_from_json(d: dict[str, Any]) -> Memory:
     if isinstance(d.get("last_reading"), dict):
         last = parse(d["last_reading"]).snapshot
     alerted = d.get("alerts_sent") or []
-    return Memory(last_good=last, alerted=frozenset(str(a) for a in alerted if isinstance(a, str)),
-                  unknown_since=parse_time(d.get("unknown_since_utc")), spent_usd=_num(d.get("spent_usd")),
-                  spent_at=parse_time(d.get("spent_at_utc")), rate_usd_per_hr=_num(d.get("rate_usd_per_hr")),
-                  launch_rate_usd_per_hr=_num(d.get("launch_rate_usd_per_hr")),
-                  machine=d["machine"] if isinstance(d.get("machine"), str) else None,
-                  earlier_usd=_num(d.get("earlier_machines_usd")) or 0.0,
-                  machines=tuple((str(e["machine"]), _num(e.get("compute_usd")) or 0.0)
-                                 for e in d.get("machines") or [] if isinstance(e, dict) and "machine" in e))
+    return Memory(
+        last_good=last,
+        alerted=frozenset(str(a) for a in alerted if isinstance(a, str)),
+        unknown_since=parse_time(d.get("unknown_since_utc")),
+        spent_usd=_num(d.get("spent_usd")),
+        spent_at=parse_time(d.get("spent_at_utc")),
+        rate_usd_per_hr=_num(d.get("rate_usd_per_hr")),
+        launch_rate_usd_per_hr=_num(d.get("launch_rate_usd_per_hr")),
+        machine=d["machine"] if isinstance(d.get("machine"), str) else None,
+        earlier_usd=_num(d.get("earlier_machines_usd")) or 0.0,
+        machines=tuple(
+            (str(e["machine"]), _num(e.get("compute_usd")) or 0.0)
+            for e in d.get("machines") or []
+            if isinstance(e, dict) and "machine" in e
+        ),
+    )
 
 
 _MONEY_KEYS = ("spent_usd", "rate_usd_per_hr", "launch_rate_usd_per_hr", "earlier_machines_usd")
@@ -86,8 +97,10 @@ def problem_of(data: Any, where: str) -> str | None:
     machines = memory.get("machines") or []
     if not isinstance(machines, list):
         return f"{where}: memory.machines is not a list"
-    numbers |= {f"memory.machines[{i}].compute_usd": e.get("compute_usd") if isinstance(e, dict) else "?"
-                for i, e in enumerate(machines)}
+    numbers |= {
+        f"memory.machines[{i}].compute_usd": e.get("compute_usd") if isinstance(e, dict) else "?"
+        for i, e in enumerate(machines)
+    }
     bad = [f"{k} = {v!r}" for k, v in numbers.items() if _bad_number(v)]
     if bad:
         return f"{where}: {', '.join(bad)} (money must be a finite number, 0 or more)"
@@ -165,9 +178,9 @@ class Ledger:
         self._log = log
         self.events: list[dict[str, Any]] = []
         self.created_utc: str | None = None
-        self.run_started_utc: str | None = None   # the run's first start (--budget-max-hours counts from it)
-        self.on_saved: Any = None                 # called after each write (the checkpoint mirror uploads it)
-        self.unsaved = 0                          # writes failed since the last one that succeeded (a full disk)
+        self.run_started_utc: str | None = None  # the run's first start (--budget-max-hours counts from it)
+        self.on_saved: Any = None  # called after each write (the checkpoint mirror uploads it)
+        self.unsaved = 0  # writes failed since the last one that succeeded (a full disk)
 
     def load(self, fallback: dict[str, Any] | None = None) -> Memory:
         """The memory in the ledger, else in ``fallback`` (a checkpoint's budget snapshot), else empty."""
@@ -207,22 +220,36 @@ class Ledger:
     def record(self, now: datetime, decision: Decision, memory: Memory, step: int) -> None:
         """Save after a check; a check that warned, alerted or stopped is also an event."""
         if decision.warnings or decision.alerts or decision.action.value not in ("continue",):
-            self.event(now, decision.action.value, step=step, spent_usd=decision.spent_usd,
-                       projected_usd=decision.projected_usd, reason=decision.reason,
-                       warnings=list(decision.warnings))
+            self.event(
+                now,
+                decision.action.value,
+                step=step,
+                spent_usd=decision.spent_usd,
+                projected_usd=decision.projected_usd,
+                reason=decision.reason,
+                warnings=list(decision.warnings),
+            )
         self.save(now, memory)
 
     def save(self, now: datetime, memory: Memory) -> None:
         self.created_utc = self.created_utc or format_time(now)
-        blob = {"format": FORMAT, "cap_usd": self.cap_usd, "created_utc": self.created_utc,
-                "run_started_utc": self.run_started_utc, "updated_utc": format_time(now),
-                "memory": memory_to_json(memory), "events": self.events}
+        blob = {
+            "format": FORMAT,
+            "cap_usd": self.cap_usd,
+            "created_utc": self.created_utc,
+            "run_started_utc": self.run_started_utc,
+            "updated_utc": format_time(now),
+            "memory": memory_to_json(memory),
+            "events": self.events,
+        }
         try:
             write_text_atomic(self.path, json.dumps(blob, indent=1) + "\n")
         except OSError as e:  # a full disk must not stop the guard: it still has the memory in this process
-            if not self.unsaved:   # one warning an episode; the guard goes on from its memory in this process
-                self._log(f"budget warning: cannot write {self.path} ({e.strerror or e}); the guard goes on from "
-                          "its memory in this process and writes the ledger again when it can")
+            if not self.unsaved:  # one warning an episode; the guard goes on from its memory in this process
+                self._log(
+                    f"budget warning: cannot write {self.path} ({e.strerror or e}); the guard goes on from "
+                    "its memory in this process and writes the ledger again when it can"
+                )
             self.unsaved += 1
             return
         if self.unsaved:

@@ -72,11 +72,11 @@ class Money:
 
     cap_usd: float
     rate_usd_per_hr: float
-    _: KW_ONLY                        # the rest by name: several floats in a row
+    _: KW_ONLY  # the rest by name: several floats in a row
     lines: Lines = Lines()
-    spent_usd: float = 0.0            # already billed (the sidecar's spent_usd)
-    fixed_in_spent: bool = False      # spent_usd already carries the fixed lines (budget.json has fixed_usd)
-    setup_hours: float = 0.0          # billed hours before the first step that are still to come
+    spent_usd: float = 0.0  # already billed (the sidecar's spent_usd)
+    fixed_in_spent: bool = False  # spent_usd already carries the fixed lines (budget.json has fixed_usd)
+    setup_hours: float = 0.0  # billed hours before the first step that are still to come
     reserve_min: float = DEFAULT_RESERVE_MIN
 
     @property
@@ -86,8 +86,12 @@ class Money:
     def total_usd(self, training_hours: float, buffer: bool = True) -> float:
         """The whole bill if the run trains ``training_hours`` more (and keeps the buffer, when asked)."""
         hours = training_hours + self.setup_hours + self.reserve_min / 60
-        return self.spent_usd + self.fixed_to_add + self.rate_usd_per_hr * hours + \
-            (self.lines.buffer_usd if buffer else 0.0)
+        return (
+            self.spent_usd
+            + self.fixed_to_add
+            + self.rate_usd_per_hr * hours
+            + (self.lines.buffer_usd if buffer else 0.0)
+        )
 
     def training_hours_that_fit(self, buffer: bool = True) -> float:
         if self.rate_usd_per_hr <= 0:
@@ -96,8 +100,9 @@ class Money:
         return max(money / self.rate_usd_per_hr, 0.0)
 
 
-def steps_that_fit(money: Money, step_s: float, max_training_hours: float | None = None,
-                   buffer: bool = True, paid_s: float = 0.0) -> int:
+def steps_that_fit(
+    money: Money, step_s: float, max_training_hours: float | None = None, buffer: bool = True, paid_s: float = 0.0
+) -> int:
     """Optimizer steps of ``step_s`` seconds that fit in the money (and in ``max_training_hours``).
 
     ``paid_s``: how long the step in flight has run (at most ``step_s``). Those seconds are already in the

@@ -40,13 +40,20 @@ class BudgetMonitor:
     asks. The loop tells it the progress after each step (:meth:`note_step`); the memory is kept in the cost
     ledger when one is given, so it survives restarts. Side effects come in as callables (tests fake them)."""
 
-    def __init__(self, source: str, limits: Limits, effects: Effects | None = None, ledger: Ledger | None = None,
-                 fallback: dict[str, Any] | None = None, fit_mode: bool = False) -> None:
+    def __init__(
+        self,
+        source: str,
+        limits: Limits,
+        effects: Effects | None = None,
+        ledger: Ledger | None = None,
+        fallback: dict[str, Any] | None = None,
+        fit_mode: bool = False,
+    ) -> None:
         fx = effects or Effects()
         self.source = source
         self.limits = limits
         self._fx = fx
-        self.fit_mode = fit_mode          # --budget-fit: a projection over the cap moves the end, not a stop
+        self.fit_mode = fit_mode  # --budget-fit: a projection over the cap moves the end, not a stop
         self.ledger = ledger
         self.memory = ledger.load(fallback) if ledger is not None else Memory()
         self.last: Decision | None = None
@@ -55,9 +62,9 @@ class BudgetMonitor:
         self._warm: tuple[int, float, float] | None = None  # (step, time, eval seconds) after the warm-up steps
         self.steps_done, self.total_steps, self.checkpoint_s = 0, 0, 0.0
         self.evals = EvalCost()
-        self.steps_per_hour: float | None = None   # training with its share of the periodic task evaluations
-        self.train_step_s: float | None = None     # a step's wall time without the task evaluations
-        self._last_step_at: float | None = None   # monotonic time the last step ended
+        self.steps_per_hour: float | None = None  # training with its share of the periodic task evaluations
+        self.train_step_s: float | None = None  # a step's wall time without the task evaluations
+        self._last_step_at: float | None = None  # monotonic time the last step ended
         if ledger is not None:
             ledger.event(fx.now(), "process_start", pid=os.getpid())
 
@@ -65,13 +72,17 @@ class BudgetMonitor:
         """For trainer_state.json: the guard's memory and its last decision (read back on resume)."""
         if self.last is None:
             return None
-        return {"last_good": self.memory.last_good.to_json() if self.memory.last_good else None,
-                "memory": memory_to_json(self.memory), "action": self.last.action.value,
-                "reason": self.last.reason, "spent_usd": self.last.spent_usd,
-                "projected_usd": self.last.projected_usd, "cap_usd": self.limits.cap_usd}
+        return {
+            "last_good": self.memory.last_good.to_json() if self.memory.last_good else None,
+            "memory": memory_to_json(self.memory),
+            "action": self.last.action.value,
+            "reason": self.last.reason,
+            "spent_usd": self.last.spent_usd,
+            "projected_usd": self.last.projected_usd,
+            "cap_usd": self.limits.cap_usd,
+        }
 
-    def note_step(self, steps_done: int, total_steps: int, checkpoint_s: float,
-                  evals: EvalCost | None = None) -> None:
+    def note_step(self, steps_done: int, total_steps: int, checkpoint_s: float, evals: EvalCost | None = None) -> None:
         """The loop's progress after a step, and the measured wall-clock speed since the warm-up (val evals and
         checkpoints included, compilation not). The task evaluations' seconds (``evals.spent_s``) are taken
         out of the measurement and counted at their own cost instead: one every ``evals.every`` steps, priced
@@ -117,31 +128,40 @@ class BudgetMonitor:
         for w in decision.warnings:
             self._fx.log(f"budget warning: {w}")
         if self._fx.metrics is not None:
-            values = {k: v for k, v in ((N.BUDGET_SPENT_USD, decision.spent_usd),
-                                        (N.BUDGET_PROJECTED_USD, decision.projected_usd)) if v is not None}
+            values = {
+                k: v
+                for k, v in ((N.BUDGET_SPENT_USD, decision.spent_usd), (N.BUDGET_PROJECTED_USD, decision.projected_usd))
+                if v is not None
+            }
             if values:
                 self._fx.metrics(self.steps_done, values)
         spent = f"${decision.spent_usd:.2f}" if decision.spent_usd is not None else "unknown"
         proj = f"${decision.projected_usd:.2f}" if decision.projected_usd is not None else "unknown"
-        action = "fit the end to the money" if self.fit_mode and decision.cause == "projection" \
-            else decision.action.value
+        action = (
+            "fit the end to the money" if self.fit_mode and decision.cause == "projection" else decision.action.value
+        )
         self._fx.log(f"budget check: spent {spent}, projected {proj}, cap ${self.limits.cap_usd:.2f} -> {action}")
         for message in decision.alerts:
             if self._fx.send_alert is not None:
                 self._fx.send_alert(f"x1 budget: {message[:80]}", message)
 
 
-def stop_message(code: int, reason: str, cap_usd: float, spent: float | None,
-                 checkpoint: str | None) -> tuple[str, str]:
+def stop_message(
+    code: int, reason: str, cap_usd: float, spent: float | None, checkpoint: str | None
+) -> tuple[str, str]:
     """(subject, body) of a budget-stop alert: what happened and what to do next."""
     spent_s = f"${spent:.2f}" if spent is not None else "unknown"
     subject = f"x1 budget stop (exit {code}): spent {spent_s} of ${cap_usd:.2f}"
     if checkpoint:
-        after = (f"The run ended at its checkpoint {checkpoint}; final.safetensors was written beside it.\n"
-                 "Next: export the run (python -m x1_pretrain.export_run --mlflow-uri ... --output ...), check the "
-                 "Definition of Done, then TERMINATE the instance: it keeps billing until you do.")
+        after = (
+            f"The run ended at its checkpoint {checkpoint}; final.safetensors was written beside it.\n"
+            "Next: export the run (python -m x1_pretrain.export_run --mlflow-uri ... --output ...), check the "
+            "Definition of Done, then TERMINATE the instance: it keeps billing until you do."
+        )
     else:
-        after = ("No checkpoint was written for the steps since the last one (the money is already over, or the "
-                 "loop could not reach a step boundary).\nNext: TERMINATE the instance now; the newest complete "
-                 "checkpoint is still on disk for export_run or a resume under a higher cap.")
+        after = (
+            "No checkpoint was written for the steps since the last one (the money is already over, or the "
+            "loop could not reach a step boundary).\nNext: TERMINATE the instance now; the newest complete "
+            "checkpoint is still on disk for export_run or a resume under a higher cap."
+        )
     return subject, f"Reason: {reason}\nSpent: {spent_s}; cap: ${cap_usd:.2f}.\n{after}"

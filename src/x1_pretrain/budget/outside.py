@@ -29,8 +29,9 @@ def check_from_outside(source: str, cap_usd: float, ckpt_dir: Path, now: datetim
 
 
 class OutsideGuard:
-    def __init__(self, source: str, cap_usd: float, ckpt_dir: Path, poll_s: float,
-                 on_over: Callable[[Decision], None]) -> None:
+    def __init__(
+        self, source: str, cap_usd: float, ckpt_dir: Path, poll_s: float, on_over: Callable[[Decision], None]
+    ) -> None:
         self.source, self.cap_usd, self.ckpt_dir = source, cap_usd, ckpt_dir
         self.poll_s, self._on_over = poll_s, on_over
         self._stop = threading.Event()

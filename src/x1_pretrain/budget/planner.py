@@ -13,10 +13,19 @@ from .money import DEFAULT_MFU, DEFAULT_RESERVE_MIN, EvalCost, Lines, Money, ste
 
 # --gpu name -> (key of flops.PEAK_TFLOPS_BF16, memory in GB). Dense bf16 peaks, SXM parts for H100/H200.
 GPUS: dict[str, tuple[str, int]] = {
-    "a100-80gb": ("a100", 80), "a100-40gb": ("a100", 40), "h100": ("h100 sxm", 80),
-    "h100-pcie": ("h100 pcie", 80), "h100-nvl": ("h100 nvl", 94), "h200": ("h200", 141),
-    "h800": ("h800 sxm", 80), "l40s": ("l40s", 48), "a10g": ("a10g", 24), "l4": ("l4", 24),
-    "rtx4090": ("rtx 4090", 24), "rtx3090": ("rtx 3090", 24), "v100": ("v100", 32),
+    "a100-80gb": ("a100", 80),
+    "a100-40gb": ("a100", 40),
+    "h100": ("h100 sxm", 80),
+    "h100-pcie": ("h100 pcie", 80),
+    "h100-nvl": ("h100 nvl", 94),
+    "h200": ("h200", 141),
+    "h800": ("h800 sxm", 80),
+    "l40s": ("l40s", 48),
+    "a10g": ("a10g", 24),
+    "l4": ("l4", 24),
+    "rtx4090": ("rtx 4090", 24),
+    "rtx3090": ("rtx 3090", 24),
+    "v100": ("v100", 32),
 }
 # Hoffmann et al. 2022 ("Chinchilla"), approach 3: L(N, D) = E + A / N^alpha + B / D^beta.
 CHINCHILLA = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}
@@ -30,8 +39,10 @@ def chinchilla_loss(n_params: float, n_tokens: float) -> float:
 def gpu_peak(name: str) -> float:
     key = name.lower()
     if key not in GPUS:
-        raise X1Error(f"--gpu {name!r} is not in the table; choose one of {', '.join(GPUS)} "
-                      "(or give --peak-tflops for another GPU)")
+        raise X1Error(
+            f"--gpu {name!r} is not in the table; choose one of {', '.join(GPUS)} "
+            "(or give --peak-tflops for another GPU)"
+        )
     return flops.PEAK_TFLOPS_BF16[GPUS[key][0]]
 
 
@@ -40,24 +51,29 @@ class Plan:
     config: C.Config
     gpu: str
     n_gpus: int
-    peak_tflops: float | None   # per device
-    rate_usd_per_hr: float      # the whole instance
+    peak_tflops: float | None  # per device
+    rate_usd_per_hr: float  # the whole instance
     tokens_per_s: float
-    measured: bool              # tokens/s measured (True) or from an assumed MFU
+    measured: bool  # tokens/s measured (True) or from an assumed MFU
     steps: int
     cap_usd: float
-    max_hours: float            # the run's time window (the lab's: 24 h)
-    setup_hours: float = 0.0    # billed hours outside training before the first step (set-up, tokenization)
+    max_hours: float  # the run's time window (the lab's: 24 h)
+    setup_hours: float = 0.0  # billed hours outside training before the first step (set-up, tokenization)
     lines: Lines = field(default_factory=Lines)
-    reserve_min: float = DEFAULT_RESERVE_MIN   # final checkpoint, export and shutdown after the last step
-    evals: EvalCost = field(default_factory=EvalCost)   # the task evaluations (train.eval_tasks): periodic and final
+    reserve_min: float = DEFAULT_RESERVE_MIN  # final checkpoint, export and shutdown after the last step
+    evals: EvalCost = field(default_factory=EvalCost)  # the task evaluations (train.eval_tasks): periodic and final
 
     @property
     def money(self) -> Money:
         """The plan in the one planner's terms (budget/money.py): nothing spent yet; the reserve holds the task
         evaluation at the end too."""
-        return Money(self.cap_usd, self.rate_usd_per_hr, lines=self.lines, setup_hours=self.setup_hours,
-                     reserve_min=self.reserve_min + self.final_eval_s / 60)
+        return Money(
+            self.cap_usd,
+            self.rate_usd_per_hr,
+            lines=self.lines,
+            setup_hours=self.setup_hours,
+            reserve_min=self.reserve_min + self.final_eval_s / 60,
+        )
 
     @property
     def train_step_s(self) -> float:
@@ -99,8 +115,9 @@ class Plan:
         return self.steps * self.tokens_per_step
 
     def mfu(self, flops_per_token: int) -> float | None:
-        return self.tokens_per_s * flops_per_token / (self.peak_tflops * 1e12 * self.n_gpus) \
-            if self.peak_tflops else None
+        return (
+            self.tokens_per_s * flops_per_token / (self.peak_tflops * 1e12 * self.n_gpus) if self.peak_tflops else None
+        )
 
     def compute_usd(self, hours: float | None = None) -> float:
         return ((self.hours if hours is None else hours) + self.setup_hours) * self.rate_usd_per_hr
@@ -141,15 +158,15 @@ class Plan:
 class Ask:
     """What the user asks the planner for (the plan command's flags)."""
 
-    hours: float | None = None          # plan this many hours of training ...
-    steps: int | None = None            # ... or this many optimizer steps (default: the config's)
-    mfu: float = DEFAULT_MFU            # assumed MFU, honest accounting ...
-    tokens_per_s: float | None = None   # ... unless a measured throughput is given
+    hours: float | None = None  # plan this many hours of training ...
+    steps: int | None = None  # ... or this many optimizer steps (default: the config's)
+    mfu: float = DEFAULT_MFU  # assumed MFU, honest accounting ...
+    tokens_per_s: float | None = None  # ... unless a measured throughput is given
     n_gpus: int = 1
     cap_usd: float = 35.0
     max_hours: float = 24.0
     setup_hours: float = 0.0
-    peak_tflops: float | None = None    # per GPU, for a GPU not in the table
+    peak_tflops: float | None = None  # per GPU, for a GPU not in the table
     lines: Lines = field(default_factory=Lines)
     reserve_min: float = DEFAULT_RESERVE_MIN
     evals: EvalCost = field(default_factory=EvalCost)
@@ -173,12 +190,27 @@ def make_plan(cfg: C.Config, gpu: str | None, rate: float, ask: Ask = Ask()) -> 
     measured = tokens_per_s is not None
     if tokens_per_s is None:
         if peak is None:
-            raise X1Error(f"--gpu is needed to turn --budget-assumed-mfu into tokens/s (choices: {', '.join(GPUS)}), "
-                          "or give a measured --tokens-per-s")
+            raise X1Error(
+                f"--gpu is needed to turn --budget-assumed-mfu into tokens/s (choices: {', '.join(GPUS)}), "
+                "or give a measured --tokens-per-s"
+            )
         tokens_per_s = mfu * peak * 1e12 * n_gpus / flops.flops_per_token(cfg.model).honest
-    plan = Plan(cfg, gpu or "an unnamed GPU", n_gpus, peak, rate, tokens_per_s, measured,
-                cfg.train.total_steps, ask.cap_usd, ask.max_hours, setup_hours, ask.lines,
-                ask.reserve_min, ask.evals)
+    plan = Plan(
+        cfg,
+        gpu or "an unnamed GPU",
+        n_gpus,
+        peak,
+        rate,
+        tokens_per_s,
+        measured,
+        cfg.train.total_steps,
+        ask.cap_usd,
+        ask.max_hours,
+        setup_hours,
+        ask.lines,
+        ask.reserve_min,
+        ask.evals,
+    )
     if steps is not None:
         return replace(plan, steps=steps)
     if hours is not None:

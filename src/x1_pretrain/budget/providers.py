@@ -16,8 +16,7 @@ PROVIDERS = ("lambda", "runpod", "clock")
 DEFAULT_BASE_URL = {"lambda": "https://cloud.lambdalabs.com", "runpod": "https://api.runpod.io"}
 DEFAULT_KEY_ENV = {"lambda": "LAMBDA_API_KEY", "runpod": "RUNPOD_API_KEY"}
 LAMBDA_RUNNING = {"active", "booting", "unhealthy"}  # states Lambda bills for
-RUNPOD_QUERY = ("query { myself { clientBalance pods { id name costPerHr desiredStatus "
-                "runtime { uptimeInSeconds } } } }")
+RUNPOD_QUERY = "query { myself { clientBalance pods { id name costPerHr desiredStatus runtime { uptimeInSeconds } } } }"
 USER_AGENT = "x1-pretrain-budget-sidecar/0.2"
 
 
@@ -68,14 +67,18 @@ def _select(items: list[tuple[str, bool, Any]], wanted: str | None, noun: str, f
             if rid == wanted:
                 return rid, item
         known = ", ".join(rid for rid, _, _ in items) or "none"
-        raise SelectionError(f"{flag} {wanted}: no such {noun} in this account (found: {known}). "
-                             f"Check the id in the provider's dashboard.")
+        raise SelectionError(
+            f"{flag} {wanted}: no such {noun} in this account (found: {known}). "
+            f"Check the id in the provider's dashboard."
+        )
     running = [(rid, item) for rid, up, item in items if up]
     if len(running) == 1:
         return running[0]
     if not running:
-        raise SelectionError(f"no running {noun} in this account: launch one first, or pass {flag} ID "
-                             f"(or use --provider clock --rate-usd-per-hr R).")
+        raise SelectionError(
+            f"no running {noun} in this account: launch one first, or pass {flag} ID "
+            f"(or use --provider clock --rate-usd-per-hr R)."
+        )
     ids = ", ".join(rid for rid, _ in running)
     raise SelectionError(f"{len(running)} running {noun}s ({ids}): pass {flag} ID to say which one to follow.")
 
@@ -91,8 +94,10 @@ def parse_lambda(payload: Any, instance_id: str | None = None) -> BillingReading
         items.append((rid, _field(inst, "status", f"data[{i}]") in LAMBDA_RUNNING, (i, inst)))
     rid, (i, inst) = _select(items, instance_id, "instance", "--instance-id")
     itype = _field(inst, "instance_type", f"data[{i}]")
-    cents = _number(_field(itype, "price_cents_per_hour", f"data[{i}].instance_type"),
-                    f"data[{i}].instance_type.price_cents_per_hour")
+    cents = _number(
+        _field(itype, "price_cents_per_hour", f"data[{i}].instance_type"),
+        f"data[{i}].instance_type.price_cents_per_hour",
+    )
     return BillingReading(rate_usd_per_hr=cents / 100.0, uptime_s=None, resource_id=rid)
 
 
@@ -161,11 +166,13 @@ class ApiSource:
         base = self.base_url.rstrip("/")
         try:
             if self.provider == "lambda":
-                reading = parse_lambda(request_json(f"{base}/api/v1/instances", self.key, self.timeout_s),
-                                       self.resource_id)
+                reading = parse_lambda(
+                    request_json(f"{base}/api/v1/instances", self.key, self.timeout_s), self.resource_id
+                )
             else:
-                reading = parse_runpod(request_json(f"{base}/graphql", self.key, self.timeout_s,
-                                                    {"query": RUNPOD_QUERY}), self.resource_id)
+                reading = parse_runpod(
+                    request_json(f"{base}/graphql", self.key, self.timeout_s, {"query": RUNPOD_QUERY}), self.resource_id
+                )
         except PollError as e:
             self._explain(e)
             raise
@@ -188,15 +195,23 @@ class ApiSource:
         base, rid = self.base_url.rstrip("/"), self.resource_id
         try:
             if self.provider == "lambda":
-                answer = request_json(f"{base}/api/v1/instance-operations/terminate", self.key, self.timeout_s,
-                                      {"instance_ids": [rid]})
-                done = [i.get("id") for i in (answer.get("data") or {}).get("terminated_instances", [])
-                        if isinstance(i, dict)]
+                answer = request_json(
+                    f"{base}/api/v1/instance-operations/terminate", self.key, self.timeout_s, {"instance_ids": [rid]}
+                )
+                done = [
+                    i.get("id")
+                    for i in (answer.get("data") or {}).get("terminated_instances", [])
+                    if isinstance(i, dict)
+                ]
                 if rid not in done:
                     raise PollError("not terminated", f"Lambda answered {json.dumps(answer)[:200]}")
                 return f"Lambda terminated instance {rid}"
-            answer = request_json(f"{base}/graphql", self.key, self.timeout_s,
-                                  {"query": f'mutation {{ podTerminate(input: {{podId: "{rid}"}}) }}'})
+            answer = request_json(
+                f"{base}/graphql",
+                self.key,
+                self.timeout_s,
+                {"query": f'mutation {{ podTerminate(input: {{podId: "{rid}"}}) }}'},
+            )
             if isinstance(answer, dict) and answer.get("errors"):
                 raise PollError("API error", str(answer["errors"])[:200])
             return f"RunPod terminated pod {rid}"
@@ -229,5 +244,6 @@ class NodesSource:
 
     def read(self) -> BillingReading:
         r = self.inner.read()
-        return BillingReading(r.rate_usd_per_hr * self.nodes, r.uptime_s, f"{r.resource_id} x{self.nodes} nodes",
-                              r.balance_usd)
+        return BillingReading(
+            r.rate_usd_per_hr * self.nodes, r.uptime_s, f"{r.resource_id} x{self.nodes} nodes", r.balance_usd
+        )

@@ -38,8 +38,9 @@ def token_from_env(environ: Mapping[str, str] = os.environ, token_file: Path | N
         return path.read_text().strip() or None
     except (OSError, UnicodeDecodeError) as e:
         where = "--token-file" if token_file else TOKEN_FILE_ENV
-        raise X1Error(f"{where} {path} cannot be read ({type(e).__name__}); write the budget token into it "
-                      "(one line)") from None
+        raise X1Error(
+            f"{where} {path} cannot be read ({type(e).__name__}); write the budget token into it (one line)"
+        ) from None
 
 
 def derive_token(environ: Mapping[str, str] = os.environ) -> str:
@@ -47,16 +48,20 @@ def derive_token(environ: Mapping[str, str] = os.environ) -> str:
     the task id. Without any secret there is nothing a stranger lacks: an :class:`X1Error` with the fix."""
     key = "\0".join(environ.get(name, "") for name in SHARED_SECRETS)
     if not key.strip("\0"):
-        raise X1Error(f"no secret to derive the budget token from (none of {', '.join(SHARED_SECRETS)} is set); "
-                      f"pass one to every node: --secret {TOKEN_ENV}=$(openssl rand -hex 32)")
+        raise X1Error(
+            f"no secret to derive the budget token from (none of {', '.join(SHARED_SECRETS)} is set); "
+            f"pass one to every node: --secret {TOKEN_ENV}=$(openssl rand -hex 32)"
+        )
     task = environ.get("SKYPILOT_TASK_ID", "")
     return hmac.new(key.encode(), f"x1-budget-token|{task}".encode(), hashlib.sha256).hexdigest()
 
 
 def check_token(token: str | None) -> str:
     if not token or len(token) < MIN_TOKEN_CHARS:
-        raise X1Error(f"the budget token must be at least {MIN_TOKEN_CHARS} characters (set {TOKEN_ENV} or "
-                      f"--token-file; e.g. openssl rand -hex 32)")
+        raise X1Error(
+            f"the budget token must be at least {MIN_TOKEN_CHARS} characters (set {TOKEN_ENV} or "
+            f"--token-file; e.g. openssl rand -hex 32)"
+        )
     return token
 
 
@@ -74,8 +79,10 @@ class BudgetServer:
         try:
             self.httpd = ThreadingHTTPServer((bind, port), handler)
         except OSError as e:
-            raise X1Error(f"--bind {bind} --port {port}: cannot listen there ({e.strerror}); give this machine's "
-                          "private address and a free port") from None
+            raise X1Error(
+                f"--bind {bind} --port {port}: cannot listen there ({e.strerror}); give this machine's "
+                "private address and a free port"
+            ) from None
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -108,8 +115,12 @@ def _handler(server: BudgetServer) -> type[BaseHTTPRequestHandler]:
 
         def _answer(self, body: bool) -> None:
             if not authorized(self.headers.get("Authorization"), server.token):
-                return self._send(401, b'{"error": "a bearer token is required"}\n', body,
-                                  {"WWW-Authenticate": 'Bearer realm="x1-budget"'})
+                return self._send(
+                    401,
+                    b'{"error": "a bearer token is required"}\n',
+                    body,
+                    {"WWW-Authenticate": 'Bearer realm="x1-budget"'},
+                )
             if self.path.split("?", 1)[0] != f"/{server.path.name}":
                 return self._send(404, b'{"error": "only the budget file is served here"}\n', body)
             try:
@@ -120,8 +131,12 @@ def _handler(server: BudgetServer) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, code: int, data: bytes, body: bool, extra: dict[str, str] | None = None) -> None:
             self.send_response(code)
-            for name, value in {"Content-Type": "application/json", "Cache-Control": "no-store",
-                                "Content-Length": str(len(data)), **(extra or {})}.items():
+            for name, value in {
+                "Content-Type": "application/json",
+                "Cache-Control": "no-store",
+                "Content-Length": str(len(data)),
+                **(extra or {}),
+            }.items():
                 self.send_header(name, value)
             self.end_headers()
             if body:

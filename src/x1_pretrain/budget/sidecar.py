@@ -19,7 +19,7 @@ from ..core.fileio import write_text_atomic
 from .providers import ApiSource, BillingReading, ClockSource, NodesSource, PollError, SelectionError
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
-CROSS_CHECK_USD = 0.50      # the balance and the integrated total may differ this much (or 10 %) silently
+CROSS_CHECK_USD = 0.50  # the balance and the integrated total may differ this much (or 10 %) silently
 
 
 def format_utc(t: datetime) -> str:
@@ -69,26 +69,37 @@ class State:
     last_poll_utc: datetime | None = None
     last_rate_usd_per_hr: float = 0.0
     last_uptime_s: float | None = None
-    balance_start_usd: float | None = None      # the account balance at the first poll that reported one
+    balance_start_usd: float | None = None  # the account balance at the first poll that reported one
     compute_at_balance_start: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"started_utc": format_utc(self.started_utc) if self.started_utc else None,
-                "started_from": self.started_from, "compute_usd": self.compute_usd,
-                "last_poll_utc": format_utc(self.last_poll_utc) if self.last_poll_utc else None,
-                "last_rate_usd_per_hr": self.last_rate_usd_per_hr, "last_uptime_s": self.last_uptime_s,
-                "balance_start_usd": self.balance_start_usd,
-                "compute_at_balance_start": self.compute_at_balance_start}
+        return {
+            "started_utc": format_utc(self.started_utc) if self.started_utc else None,
+            "started_from": self.started_from,
+            "compute_usd": self.compute_usd,
+            "last_poll_utc": format_utc(self.last_poll_utc) if self.last_poll_utc else None,
+            "last_rate_usd_per_hr": self.last_rate_usd_per_hr,
+            "last_uptime_s": self.last_uptime_s,
+            "balance_start_usd": self.balance_start_usd,
+            "compute_at_balance_start": self.compute_at_balance_start,
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> State:
         def t(key: str) -> datetime | None:
             return parse_utc(d[key]) if d.get(key) else None
 
-        return cls(t("started_utc"), str(d.get("started_from") or ""), float(d.get("compute_usd") or 0.0),
-                   t("last_poll_utc"), float(d.get("last_rate_usd_per_hr") or 0.0), d.get("last_uptime_s"),
-                   d.get("balance_start_usd"), float(d.get("compute_at_balance_start") or 0.0))
+        return cls(
+            t("started_utc"),
+            str(d.get("started_from") or ""),
+            float(d.get("compute_usd") or 0.0),
+            t("last_poll_utc"),
+            float(d.get("last_rate_usd_per_hr") or 0.0),
+            d.get("last_uptime_s"),
+            d.get("balance_start_usd"),
+            float(d.get("compute_at_balance_start") or 0.0),
+        )
 
 
 def state_path(out: Path) -> Path:
@@ -105,8 +116,10 @@ def load_state(out: Path) -> State:
             return State(parse_utc(json.loads(legacy.read_text())["started_utc"]), str(legacy))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         bad = path if path.exists() else legacy
-        raise X1Error(f"{bad} is unreadable; it holds the spend counted so far: repair it, or delete it to count "
-                      "again from --started-utc (or the machine's boot time)") from None
+        raise X1Error(
+            f"{bad} is unreadable; it holds the spend counted so far: repair it, or delete it to count "
+            "again from --started-utc (or the machine's boot time)"
+        ) from None
     return State()
 
 
@@ -141,11 +154,15 @@ def integrate(state: State, reading: BillingReading, now: datetime) -> list[str]
         dt_h = max((now - state.last_poll_utc).total_seconds(), 0.0) / 3600
         state.compute_usd += max(rate, state.last_rate_usd_per_hr) * dt_h
         if rate != state.last_rate_usd_per_hr:
-            notes.append(f"rate changed ${state.last_rate_usd_per_hr:.2f}/h -> ${rate:.2f}/h: the past keeps its "
-                         "price, the interval since the last poll is counted at the higher one")
+            notes.append(
+                f"rate changed ${state.last_rate_usd_per_hr:.2f}/h -> ${rate:.2f}/h: the past keeps its "
+                "price, the interval since the last poll is counted at the higher one"
+            )
     if reading.uptime_s is not None and state.last_uptime_s is not None and reading.uptime_s < state.last_uptime_s:
-        notes.append(f"the pod restarted (uptime {reading.uptime_s:.0f} s < {state.last_uptime_s:.0f} s): spend keeps "
-                     "counting from the total, not from the new uptime")
+        notes.append(
+            f"the pod restarted (uptime {reading.uptime_s:.0f} s < {state.last_uptime_s:.0f} s): spend keeps "
+            "counting from the total, not from the new uptime"
+        )
     state.last_poll_utc, state.last_rate_usd_per_hr, state.last_uptime_s = now, rate, reading.uptime_s
     return notes
 
@@ -161,13 +178,16 @@ def cross_check(state: State, reading: BillingReading) -> tuple[float | None, li
     by_balance = state.compute_at_balance_start + state.balance_start_usd - reading.balance_usd
     gap = by_balance - state.compute_usd
     if abs(gap) > max(CROSS_CHECK_USD, 0.10 * state.compute_usd):
-        return by_balance, [f"cross-check: the balance says ${by_balance:.2f} of compute, the integrated rate "
-                            f"${state.compute_usd:.2f}; using the higher"]
+        return by_balance, [
+            f"cross-check: the balance says ${by_balance:.2f} of compute, the integrated rate "
+            f"${state.compute_usd:.2f}; using the higher"
+        ]
     return by_balance, []
 
 
-def build_budget(state: State, reading: BillingReading, balance_spent: float | None, now: datetime,
-                 ask: BudgetAsk) -> dict[str, Any]:
+def build_budget(
+    state: State, reading: BillingReading, balance_spent: float | None, now: datetime, ask: BudgetAsk
+) -> dict[str, Any]:
     """The budget.json contents after a good poll."""
     assert state.started_utc is not None
     hours = max((now - state.started_utc).total_seconds(), 0.0) / 3600
@@ -251,9 +271,11 @@ class Sidecar:
         for note in notes + more:
             self._say(f"{name}: {note}")
         what = name if reading.resource_id == name else f"{name} {reading.resource_id}"
-        self._say(f"{what}: spent ${budget['spent_usd']:.2f} (compute ${budget['compute_usd']:.2f} + fixed "
-                  f"${self.ask.fixed.total:.2f}) at ${budget['rate_usd_per_hr']:.2f}/h over "
-                  f"{budget['hours_elapsed']:.2f} h, projected ${budget['projected_total_usd']:.2f}")
+        self._say(
+            f"{what}: spent ${budget['spent_usd']:.2f} (compute ${budget['compute_usd']:.2f} + fixed "
+            f"${self.ask.fixed.total:.2f}) at ${budget['rate_usd_per_hr']:.2f}/h over "
+            f"{budget['hours_elapsed']:.2f} h, projected ${budget['projected_total_usd']:.2f}"
+        )
         return True
 
     def run(self, interval_s: float, stop: threading.Event) -> int:

@@ -21,7 +21,7 @@ def read_text(uri: str, deadline_s: float = DEADLINE_S) -> tuple[str | None, str
     """(text, None) or (None, problem) for a budget source."""
     shown = redact.url(uri)
     if uri.startswith(("http://", "https://")):
-        try:   # the bearer token of a budget_serve (from the environment: never on a command line)
+        try:  # the bearer token of a budget_serve (from the environment: never on a command line)
             token = token_from_env()
         except X1Error as e:
             return None, f"{shown} cannot be read: {e}"
@@ -33,7 +33,7 @@ def read_text(uri: str, deadline_s: float = DEADLINE_S) -> tuple[str | None, str
             return None, f"{shown} cannot be read ({redact.scrub(str(e), uri)}){hint}"
         except UnicodeDecodeError as e:
             return None, f"{shown} is not text ({e.reason})"
-    path = Path(uri[len("file://"):]) if uri.startswith("file://") else Path(uri)
+    path = Path(uri[len("file://") :]) if uri.startswith("file://") else Path(uri)
     try:
         return path.read_text(), None
     except FileNotFoundError:
@@ -50,8 +50,9 @@ def read_json(uri: str, deadline_s: float = DEADLINE_S) -> tuple[dict | None, st
         data = json.loads(text)
     except json.JSONDecodeError as e:
         return None, f"{redact.url(uri)} is not valid JSON ({e.msg} at line {e.lineno})"
-    return data if isinstance(data, dict) else None, None if isinstance(data, dict) else \
-        f"{redact.url(uri)} is not a JSON object"
+    return data if isinstance(data, dict) else None, None if isinstance(
+        data, dict
+    ) else f"{redact.url(uri)} is not a JSON object"
 
 
 def read_source(uri: str, deadline_s: float = DEADLINE_S) -> Reading:

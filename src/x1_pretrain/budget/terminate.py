@@ -31,17 +31,17 @@ from ..core.errors import EXIT_BUDGET_NOW, X1Error
 from ..core.objstore import RemoteURL, Store, StoreError
 from .providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, ApiSource, PollError, SelectionError
 
-CHECKPOINT_SUBDIR = "checkpoint"   # <bundle remote>/checkpoint: the final checkpoint's files
+CHECKPOINT_SUBDIR = "checkpoint"  # <bundle remote>/checkpoint: the final checkpoint's files
 
 
 @dataclass(frozen=True)
 class EndOfBill:
-    source: ApiSource              # the provider, its key and the followed instance/pod
-    export_to: Path                # export_run --output
-    mlflow_uri: str                # where the trainer logged
+    source: ApiSource  # the provider, its key and the followed instance/pod
+    export_to: Path  # export_run --output
+    mlflow_uri: str  # where the trainer logged
     export_timeout_s: float = 1800.0
-    bundle_remote: str | None = None   # s3://…: the bundle (and the final checkpoint under /checkpoint) go here
-    run_dir: Path | None = None        # the trainer's --ckpt-dir: its x1-run.json says which run pushes
+    bundle_remote: str | None = None  # s3://…: the bundle (and the final checkpoint under /checkpoint) go here
+    run_dir: Path | None = None  # the trainer's --ckpt-dir: its x1-run.json says which run pushes
 
 
 def add_flags(ap: Any) -> None:
@@ -49,26 +49,32 @@ def add_flags(ap: Any) -> None:
     e = ap.add_argument_group("ending the bill")
     e.add_argument("--terminate-on-exit", choices=("lambda", "runpod"), help="terminate the instance at the end")
     e.add_argument("--export-to", type=Path, help="export_run --output before terminating (required with it)")
-    e.add_argument("--bundle-remote", metavar="s3://BUCKET/PREFIX",
-                   help="where the bundle (and the final checkpoint, under /checkpoint) go, verified, before the "
-                        "terminate call (default: the train command's --ckpt-remote + /bundle; without either, "
-                        "--terminate-on-exit is refused: the instance's own disk goes with it)")
+    e.add_argument(
+        "--bundle-remote",
+        metavar="s3://BUCKET/PREFIX",
+        help="where the bundle (and the final checkpoint, under /checkpoint) go, verified, before the "
+        "terminate call (default: the train command's --ckpt-remote + /bundle; without either, "
+        "--terminate-on-exit is refused: the instance's own disk goes with it)",
+    )
     e.add_argument("--instance-id", help="Lambda instance (default: the only running one)")
     e.add_argument("--pod-id", help="RunPod pod (default: $RUNPOD_POD_ID, else the only running one)")
     e.add_argument("--api-key-env", help="env var holding the provider's API key")
-    e.add_argument("--provider-base-url", help="provider API base URL (default: the provider's; the sidecar's "
-                   "--provider-base-url)")
+    e.add_argument(
+        "--provider-base-url", help="provider API base URL (default: the provider's; the sidecar's --provider-base-url)"
+    )
 
 
 def bundle_remote_of(given: str | None, ckpt_remote: str | None, export_to: Path) -> str:
     """Where the bundle goes before the instance is terminated: --bundle-remote, else <--ckpt-remote>/bundle."""
     url = given or (ckpt_remote.rstrip("/") + "/bundle" if ckpt_remote else None)
     if url is None:
-        raise X1Error(f"--terminate-on-exit with no remote: the bundle would be exported to {export_to} on this "
-                      "instance's own disk, which terminating the instance destroys. Give --bundle-remote "
-                      "s3://BUCKET/PREFIX, or train with --ckpt-remote s3://BUCKET/PREFIX (the bundle then goes "
-                      "to PREFIX/bundle)")
-    RemoteURL.parse(url, what="--bundle-remote")   # a malformed URL is refused now, not at the end of the run
+        raise X1Error(
+            f"--terminate-on-exit with no remote: the bundle would be exported to {export_to} on this "
+            "instance's own disk, which terminating the instance destroys. Give --bundle-remote "
+            "s3://BUCKET/PREFIX, or train with --ckpt-remote s3://BUCKET/PREFIX (the bundle then goes "
+            "to PREFIX/bundle)"
+        )
+    RemoteURL.parse(url, what="--bundle-remote")  # a malformed URL is refused now, not at the end of the run
     return url
 
 
@@ -90,8 +96,16 @@ def from_flags(args: Any, ckpt_remote: str | None, mlflow_uri: str) -> EndOfBill
 
 
 def export_run(end: EndOfBill, log: Callable[[str], None]) -> bool:
-    cmd = [sys.executable, "-m", "x1_pretrain.export_run", "--mlflow-uri", end.mlflow_uri, "--output",
-           str(end.export_to), "--overwrite"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "x1_pretrain.export_run",
+        "--mlflow-uri",
+        end.mlflow_uri,
+        "--output",
+        str(end.export_to),
+        "--overwrite",
+    ]
     log(f"exporting the run to {end.export_to} before terminating the instance")
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=end.export_timeout_s)
@@ -121,10 +135,14 @@ def refused_push(end: EndOfBill) -> str | None:
     ``$X1_RUN_ID``), or an owner that cannot be read; nothing is pushed then."""
     assert end.bundle_remote is not None
     try:
-        run_id = (remote_dir.run_id_of_dir(end.run_dir) if end.run_dir is not None else None) \
-            or remote_dir.given_run_id()
-        remote_dir.check_owner(Store(RemoteURL.parse(end.bundle_remote, what="--bundle-remote")), run_id,
-                               f"the train command's --ckpt-dir holds its x1-run.json, or {remote_dir.RUN_ID_ENV}")
+        run_id = (
+            remote_dir.run_id_of_dir(end.run_dir) if end.run_dir is not None else None
+        ) or remote_dir.given_run_id()
+        remote_dir.check_owner(
+            Store(RemoteURL.parse(end.bundle_remote, what="--bundle-remote")),
+            run_id,
+            f"the train command's --ckpt-dir holds its x1-run.json, or {remote_dir.RUN_ID_ENV}",
+        )
     except X1Error as e:
         return str(e)
     except StoreError as e:
@@ -148,8 +166,10 @@ def offload(end: EndOfBill, final_checkpoint: Path | None, log: Callable[[str], 
     else:
         missing += _push_verified(f"{remote}/{CHECKPOINT_SUBDIR}", final_checkpoint, log)
     if not missing:
-        log(f"the bundle and the final checkpoint ({final_checkpoint.name if final_checkpoint else '?'}) are in "
-            f"{remote}, every size and sha256 read back")
+        log(
+            f"the bundle and the final checkpoint ({final_checkpoint.name if final_checkpoint else '?'}) are in "
+            f"{remote}, every size and sha256 read back"
+        )
     return missing
 
 
@@ -163,34 +183,56 @@ def _billing(end: EndOfBill) -> str:
 
 
 def _kept(end: EndOfBill, what: str, why: str, log: Callable[[str], None], alerter: Any, subject: str) -> bool:
-    msg = (f"{why}, so {what} was NOT terminated. It keeps billing {_billing(end)} until you terminate it from "
-           "the provider's dashboard.")
+    msg = (
+        f"{why}, so {what} was NOT terminated. It keeps billing {_billing(end)} until you terminate it from "
+        "the provider's dashboard."
+    )
     log(msg)
     alerter.send_within(subject, msg)
     return False
 
 
-def end_the_bill(end: EndOfBill, exit_code: int, log: Callable[[str], None], alerter: Any,
-                 final_checkpoint: Path | None = None) -> bool:
+def end_the_bill(
+    end: EndOfBill, exit_code: int, log: Callable[[str], None], alerter: Any, final_checkpoint: Path | None = None
+) -> bool:
     """Export, put the bundle and ``final_checkpoint`` (a step dir) off the machine, then terminate; True when
     the provider confirmed the termination."""
     exported = export_run(end, log)
     what = f"{end.source.provider} {end.source.resource_id or '(the only running instance)'}"
     over_cap = exit_code == EXIT_BUDGET_NOW
     if not exported and not over_cap:
-        return _kept(end, what, f"the trainer ended (exit {exit_code}) but export_run to {end.export_to} FAILED: "
-                     "its disk may hold the only copy of the weights. Export by hand", log, alerter,
-                     "x1: instance NOT terminated (export failed)")
+        return _kept(
+            end,
+            what,
+            f"the trainer ended (exit {exit_code}) but export_run to {end.export_to} FAILED: "
+            "its disk may hold the only copy of the weights. Export by hand",
+            log,
+            alerter,
+            "x1: instance NOT terminated (export failed)",
+        )
     if end.bundle_remote is None:
-        return _kept(end, what, f"no remote for the bundle: it is in {end.export_to} on this instance's own disk, "
-                     "which terminating destroys. Give --bundle-remote s3://BUCKET/PREFIX (or train with "
-                     "--ckpt-remote: the bundle goes to PREFIX/bundle); now copy it off by hand", log, alerter,
-                     "x1: instance NOT terminated (no remote for the bundle)")
+        return _kept(
+            end,
+            what,
+            f"no remote for the bundle: it is in {end.export_to} on this instance's own disk, "
+            "which terminating destroys. Give --bundle-remote s3://BUCKET/PREFIX (or train with "
+            "--ckpt-remote: the bundle goes to PREFIX/bundle); now copy it off by hand",
+            log,
+            alerter,
+            "x1: instance NOT terminated (no remote for the bundle)",
+        )
     missing = offload(end, final_checkpoint, log) if exported else [f"{end.export_to}: export_run failed"]
     if missing and not over_cap:
-        return _kept(end, what, f"the deliverables are not all off the machine (missing: {'; '.join(missing)}). "
-                     f"Copy them off by hand (python -m x1_pretrain.remote push {end.export_to} "
-                     f"{end.bundle_remote})", log, alerter, "x1: instance NOT terminated (bundle not uploaded)")
+        return _kept(
+            end,
+            what,
+            f"the deliverables are not all off the machine (missing: {'; '.join(missing)}). "
+            f"Copy them off by hand (python -m x1_pretrain.remote push {end.export_to} "
+            f"{end.bundle_remote})",
+            log,
+            alerter,
+            "x1: instance NOT terminated (bundle not uploaded)",
+        )
     try:
         answer = end.source.terminate()
     except (PollError, SelectionError) as e:
@@ -198,10 +240,15 @@ def end_the_bill(end: EndOfBill, exit_code: int, log: Callable[[str], None], ale
         log(msg)
         alerter.send_within("x1: terminate FAILED", msg)
         return False
-    msg = (f"{answer} after exit {exit_code}; the bundle and the final checkpoint are in {end.bundle_remote}"
-           if not missing else f"{answer} after exit {exit_code} (the spend was over the cap) although these did "
-           f"not get off the machine: {'; '.join(missing)}")
+    msg = (
+        f"{answer} after exit {exit_code}; the bundle and the final checkpoint are in {end.bundle_remote}"
+        if not missing
+        else f"{answer} after exit {exit_code} (the spend was over the cap) although these did "
+        f"not get off the machine: {'; '.join(missing)}"
+    )
     log(msg)
-    alerter.send_within("x1: instance terminated", msg + ". Confirm it in the dashboard and save the screenshot "
-                        "for the DoD (termination*.png in the run bundle).")
+    alerter.send_within(
+        "x1: instance terminated",
+        msg + ". Confirm it in the dashboard and save the screenshot for the DoD (termination*.png in the run bundle).",
+    )
     return True

@@ -16,8 +16,13 @@ from .guard import Decision
 
 
 class BudgetWatcher:
-    def __init__(self, check: Callable[[], Decision], on_verdict: Callable[[Decision], None], every_s: float,
-                 log: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        check: Callable[[], Decision],
+        on_verdict: Callable[[Decision], None],
+        every_s: float,
+        log: Callable[[str], None] = print,
+    ) -> None:
         self._check, self._on_verdict, self.every_s, self._log = check, on_verdict, every_s, log
         self._stop = threading.Event()
         self._wake = threading.Event()

@@ -32,11 +32,26 @@ def old_spelling(group: Any, old: str, new: argparse.Action) -> None:
     target = new.option_strings[0]
 
     class _Old(argparse.Action):
-        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                     option_string: str | None = None) -> None:
-            print(f"warning: deprecated: {old} is now {target} (the old spelling works for one release)",
-                  file=sys.stderr)
+        def __call__(
+            self,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: Any,
+            option_string: str | None = None,
+        ) -> None:
+            print(
+                f"warning: deprecated: {old} is now {target} (the old spelling works for one release)", file=sys.stderr
+            )
             setattr(namespace, self.dest, values if takes_value else new.const)
 
-    group.add_argument(old, dest=new.dest, action=_Old, nargs=None if takes_value else 0, type=new.type,
-                       choices=new.choices, help=argparse.SUPPRESS, metavar=new.metavar, default=argparse.SUPPRESS)
+    group.add_argument(
+        old,
+        dest=new.dest,
+        action=_Old,
+        nargs=None if takes_value else 0,
+        type=new.type,
+        choices=new.choices,
+        help=argparse.SUPPRESS,
+        metavar=new.metavar,
+        default=argparse.SUPPRESS,
+    )

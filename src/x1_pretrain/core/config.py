@@ -44,22 +44,22 @@ class ConfigError(X1Error):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    n_layer: int = 8                 # transformer blocks
-    d_model: int = 768               # residual width
-    n_head: int = 12                 # query heads; head_dim = d_model / n_head
-    n_kv_head: int = 4               # key/value heads (GQA); must divide n_head
-    d_ff: int = 2048                 # SwiGLU hidden width
-    seq_len: int = 1024              # context length in tokens
-    vocab_size: int = 50257          # GPT-2 BPE
+    n_layer: int = 8  # transformer blocks
+    d_model: int = 768  # residual width
+    n_head: int = 12  # query heads; head_dim = d_model / n_head
+    n_kv_head: int = 4  # key/value heads (GQA); must divide n_head
+    d_ff: int = 2048  # SwiGLU hidden width
+    seq_len: int = 1024  # context length in tokens
+    vocab_size: int = 50257  # GPT-2 BPE
     norm: Literal["rmsnorm"] = "rmsnorm"
     norm_eps: float = 1e-5
     activation: Literal["swiglu"] = "swiglu"
     pos_enc: Literal["rope"] = "rope"
     rope_base: float = 10000.0
-    init_std: float = 0.02           # normal init of every weight matrix and the embedding
-    tie_embeddings: bool = True      # LM head shares the token embedding
-    vocab_pad_multiple: int = 128    # embedding/head rows rounded up to this inside the model (1: none); the
-                                     # logits, the loss and the saved weights keep vocab_size rows
+    init_std: float = 0.02  # normal init of every weight matrix and the embedding
+    tie_embeddings: bool = True  # LM head shares the token embedding
+    vocab_pad_multiple: int = 128  # embedding/head rows rounded up to this inside the model (1: none); the
+    # logits, the loss and the saved weights keep vocab_size rows
     fused_projections: bool = False  # q/k/v and gate/up as one matmul each; saved under Llama's names
 
     @property
@@ -69,76 +69,76 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    lr: float = 3e-4                 # peak learning rate
-    min_lr: float = 3e-5             # cosine floor
-    warmup_steps: int = 1000         # linear warmup from lr/warmup_steps to lr
-    schedule: Literal["cosine", "constant", "wsd"] = "cosine"   # wsd: warmup-stable-decay (training/schedule.py)
-    decay_fraction: float = 0.2      # wsd: the share of the run spent decaying to min_lr
+    lr: float = 3e-4  # peak learning rate
+    min_lr: float = 3e-5  # cosine floor
+    warmup_steps: int = 1000  # linear warmup from lr/warmup_steps to lr
+    schedule: Literal["cosine", "constant", "wsd"] = "cosine"  # wsd: warmup-stable-decay (training/schedule.py)
+    decay_fraction: float = 0.2  # wsd: the share of the run spent decaying to min_lr
     decay_shape: Literal["linear", "1-sqrt", "cosine"] = "1-sqrt"  # wsd: the decay's shape
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    weight_decay: float = 0.1        # on 2-D weight matrices; never on norm gains
-    decay_embedding: bool = False    # weight decay on the (tied) token embedding
-    grad_clip: float = 1.0           # max global grad norm; 0 disables clipping
+    weight_decay: float = 0.1  # on 2-D weight matrices; never on norm gains
+    decay_embedding: bool = False  # weight decay on the (tied) token embedding
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
-    total_steps: int = 84000         # optimizer steps
-    batch_size: int = 512            # sequences per optimizer step (global, all ranks)
-    micro_batch_size: int = 32       # sequences per forward/backward on one device
-    grad_accum_steps: int = 0        # micro-batches per step over all ranks = batch_size / micro_batch_size
-                                     # (0: derived; each of N ranks runs grad_accum_steps / N of them)
+    total_steps: int = 84000  # optimizer steps
+    batch_size: int = 512  # sequences per optimizer step (global, all ranks)
+    micro_batch_size: int = 32  # sequences per forward/backward on one device
+    grad_accum_steps: int = 0  # micro-batches per step over all ranks = batch_size / micro_batch_size
+    # (0: derived; each of N ranks runs grad_accum_steps / N of them)
     seed: int = 42
     precision: Literal["bf16", "fp32"] = "bf16"  # bf16 autocast with fp32 master weights, or plain fp32
     compile: bool = True
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "max-autotune"
     attention: Literal["flash", "sdpa"] = "flash"  # flash-attn when available on CUDA, else SDPA
-    sdpa_cudnn: bool = False         # let SDPA pick cuDNN attention (off: open gradient reports, pytorch #150700)
-    device: str = "auto"             # auto | cpu | cuda | cuda:N
-    log_every: int = 10              # steps between metric logs
-    eval_every: int = 1800           # steps between val evals (and one at the end)
-    eval_batches: int = 20           # micro-batches in the fixed val set
-    prefetch: int = 4                # batches prepared ahead by the loader thread
+    sdpa_cudnn: bool = False  # let SDPA pick cuDNN attention (off: open gradient reports, pytorch #150700)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    log_every: int = 10  # steps between metric logs
+    eval_every: int = 1800  # steps between val evals (and one at the end)
+    eval_batches: int = 20  # micro-batches in the fixed val set
+    prefetch: int = 4  # batches prepared ahead by the loader thread
     min_tokens_per_s: float | None = None  # stop (exit 6) when the warm mean falls below this ...
     min_tokens_per_s_window_min: float = 60.0  # ... during the run's first this-many minutes of training
-    min_tokens_per_s_always: bool = False      # ... or at any time (later drops are otherwise logged and alerted)
-    throughput_window: int = 50      # steps in the warm throughput window
-    fused_loss: bool = True          # LM head + cross-entropy in one pass over token chunks (no full logits)
-    loss_chunk_tokens: int = 4096    # tokens per chunk of the one-pass loss
-    bf16_residual: bool = False      # under bf16: the residual stream (and its gradient) in bf16, as llm.c
+    min_tokens_per_s_always: bool = False  # ... or at any time (later drops are otherwise logged and alerted)
+    throughput_window: int = 50  # steps in the warm throughput window
+    fused_loss: bool = True  # LM head + cross-entropy in one pass over token chunks (no full logits)
+    loss_chunk_tokens: int = 4096  # tokens per chunk of the one-pass loss
+    bf16_residual: bool = False  # under bf16: the residual stream (and its gradient) in bf16, as llm.c
     compile_scope: Literal["model", "blocks"] = "model"  # one graph for the model, or each block fullgraph
-    deterministic: bool = False      # deterministic kernels (flash-attn backward, cuBLAS): bitwise GPU resume
-    eval_tasks: str = ""             # task scores during training: e.g. "hellaswag,arc_easy" (docs/evaluation.md)
-    eval_tasks_every: int = 0        # ... every this many steps (0: only when the run ends)
+    deterministic: bool = False  # deterministic kernels (flash-attn backward, cuBLAS): bitwise GPU resume
+    eval_tasks: str = ""  # task scores during training: e.g. "hellaswag,arc_easy" (docs/evaluation.md)
+    eval_tasks_every: int = 0  # ... every this many steps (0: only when the run ends)
     eval_tasks_limit: int | None = None  # ... on the first N items of each task (None: all)
     eval_tasks_max_s: float = 300.0  # ... in at most this many seconds each time (the rest is skipped, said)
 
     def __post_init__(self) -> None:
         if self.grad_accum_steps == 0 and self.micro_batch_size > 0 and self.batch_size % self.micro_batch_size == 0:
-            object.__setattr__(self, "grad_accum_steps", self.batch_size // self.micro_batch_size)   # derived
+            object.__setattr__(self, "grad_accum_steps", self.batch_size // self.micro_batch_size)  # derived
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
-    every_steps: int = 1800          # steps between checkpoints (the lab's flag: --ckpt-every)
-    every_min: float = 0.0           # and at most this many minutes of wall clock between them (0: steps only)
-    keep_last: int = 3               # complete step_* dirs kept (plus any holding a PIN file)
-    async_save: bool = True          # write on a background thread after a CPU snapshot
-    remote: str | None = None        # s3://BUCKET/PREFIX: mirror each checkpoint there (--ckpt-remote; docs/running.md)
-    remote_wait_min: float = 30.0    # minutes a resume with nothing local waits for an unreachable remote; then exit 8
+    every_steps: int = 1800  # steps between checkpoints (the lab's flag: --ckpt-every)
+    every_min: float = 0.0  # and at most this many minutes of wall clock between them (0: steps only)
+    keep_last: int = 3  # complete step_* dirs kept (plus any holding a PIN file)
+    async_save: bool = True  # write on a background thread after a CPU snapshot
+    remote: str | None = None  # s3://BUCKET/PREFIX: mirror each checkpoint there (--ckpt-remote; docs/running.md)
+    remote_wait_min: float = 30.0  # minutes a resume with nothing local waits for an unreachable remote; then exit 8
 
 
 @dataclass(frozen=True, kw_only=True)
 class SpikeConfig:
-    ema_alpha: float = 0.05          # weight of the newest loss in the moving baseline (window ~1/alpha steps)
-    baseline_steps: int = 20         # steps the baseline observes before anything can be called a spike
-    loss_sigma: float = 6.0          # a spike's loss is this many noise units above the baseline ...
-    min_loss_jump: float = 0.5       # ... and at least this many nats above it
-    grad_factor: float = 5.0         # or its grad norm is this many times the recent median
-    grad_window: int = 50            # steps in that median
-    skip_steps: bool = False         # skip the optimizer update of a detected spike (llm.c / OLMo-core style)
+    ema_alpha: float = 0.05  # weight of the newest loss in the moving baseline (window ~1/alpha steps)
+    baseline_steps: int = 20  # steps the baseline observes before anything can be called a spike
+    loss_sigma: float = 6.0  # a spike's loss is this many noise units above the baseline ...
+    min_loss_jump: float = 0.5  # ... and at least this many nats above it
+    grad_factor: float = 5.0  # or its grad norm is this many times the recent median
+    grad_window: int = 50  # steps in that median
+    skip_steps: bool = False  # skip the optimizer update of a detected spike (llm.c / OLMo-core style)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,17 +147,17 @@ class BudgetConfig:
     null means no guard. Where the spend is read from (``--budget-curr-cost-uri``) is a flag only: it names a
     file or URL of one machine, and a URL may carry a key."""
 
-    cap_usd: float | None = None      # hard dollar cap; enables the guard (the lab: 35)
-    alert_usd: float = 30.0           # email + Slack once the spend passes this
-    buffer_usd: float = 5.0           # kept aside by the launch gate (and plan) for one restart
+    cap_usd: float | None = None  # hard dollar cap; enables the guard (the lab: 35)
+    alert_usd: float = 30.0  # email + Slack once the spend passes this
+    buffer_usd: float = 5.0  # kept aside by the launch gate (and plan) for one restart
     reserve_min: float = DEFAULT_RESERVE_MIN  # minutes billed after the last step, counted in every projection
-    check_every_min: float = 30.0     # minutes between the guard's checks
+    check_every_min: float = 30.0  # minutes between the guard's checks
     sidecar_interval_min: float = 5.0  # the sidecar's --interval-min; a reading older than 3 of them is stale
-    unknown_grace_min: float = 60.0   # stop with a checkpoint once the spend has been unknown this long
-    stop_wait_s: float = 120.0        # projected over the cap: the longest wait for a step boundary, then exit 4
+    unknown_grace_min: float = 60.0  # stop with a checkpoint once the spend has been unknown this long
+    stop_wait_s: float = 120.0  # projected over the cap: the longest wait for a step boundary, then exit 4
     max_rate_usd_per_hr: float = 1.40  # the launch gate refuses a higher hourly rate (the lab's rule)
-    fit: bool = False                 # train.total_steps becomes an upper bound; the end follows the money (wsd)
-    max_hours: float | None = None    # with fit: hours of wall clock from the run's first start (downtime too)
+    fit: bool = False  # train.total_steps becomes an upper bound; the end follows the money (wsd)
+    max_hours: float | None = None  # with fit: hours of wall clock from the run's first start (downtime too)
     expected_step_s: float | None = None  # measured seconds per step for the planned cost (else the GPU's peak)
     assumed_mfu: float = DEFAULT_MFU  # honest MFU for the planned cost when expected_step_s is not given
 
@@ -294,18 +294,24 @@ def batch_problems(batch: int, micro: int, accum: int, world_size: int = 1) -> l
     if batch <= 0 or micro <= 0:
         return []
     if batch % micro:
-        return [f"train.batch_size: {batch} is not a multiple of train.micro_batch_size {micro}; choose a "
-                f"micro-batch that divides it"]
+        return [
+            f"train.batch_size: {batch} is not a multiple of train.micro_batch_size {micro}; choose a "
+            f"micro-batch that divides it"
+        ]
     chunks = batch // micro
     if accum != chunks:
-        return [f"train.grad_accum_steps: {accum} disagrees with train.batch_size {batch} / train.micro_batch_size "
-                f"{micro} = {chunks} micro-batches a step; leave grad_accum_steps out (it is derived) or set it to "
-                f"{chunks} (with N ranks each runs {chunks}/N)"]
+        return [
+            f"train.grad_accum_steps: {accum} disagrees with train.batch_size {batch} / train.micro_batch_size "
+            f"{micro} = {chunks} micro-batches a step; leave grad_accum_steps out (it is derived) or set it to "
+            f"{chunks} (with N ranks each runs {chunks}/N)"
+        ]
     if world_size > 1 and chunks % world_size:
         fits = [n for n in range(1, chunks + 1) if chunks % n == 0 and n <= 64]
-        return [f"train.batch_size: {batch} / train.micro_batch_size {micro} = {chunks} micro-batches a step cannot "
-                f"be shared out over {world_size} ranks; run on {', '.join(map(str, fits))} ranks, or choose a "
-                "micro_batch_size that gives a multiple of the rank count"]
+        return [
+            f"train.batch_size: {batch} / train.micro_batch_size {micro} = {chunks} micro-batches a step cannot "
+            f"be shared out over {world_size} ranks; run on {', '.join(map(str, fits))} ranks, or choose a "
+            "micro_batch_size that gives a multiple of the rank count"
+        ]
     return []
 
 
@@ -327,8 +333,10 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
     if m.init_std <= 0 or m.norm_eps <= 0 or m.rope_base <= 0:
         p.append("model.init_std, model.norm_eps and model.rope_base must be positive")
     if not 1 <= m.vocab_pad_multiple <= 1024:
-        p.append(f"model.vocab_pad_multiple: must be in [1, 1024] (1 turns padding off; 128 suits tensor cores), "
-                 f"got {m.vocab_pad_multiple}")
+        p.append(
+            f"model.vocab_pad_multiple: must be in [1, 1024] (1 turns padding off; 128 suits tensor cores), "
+            f"got {m.vocab_pad_multiple}"
+        )
     if o.lr <= 0:
         p.append(f"optim.lr: must be positive, got {o.lr}")
     if not 0 <= o.min_lr <= o.lr:
@@ -342,8 +350,17 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
             p.append(f"optim.{key}: must be in [0, 1), got {getattr(o, key)}")
     if o.weight_decay < 0 or o.grad_clip < 0 or o.eps <= 0:
         p.append("optim.weight_decay and optim.grad_clip must be >= 0 and optim.eps > 0")
-    for key in ("total_steps", "batch_size", "micro_batch_size", "log_every",
-                "eval_every", "eval_batches", "prefetch", "throughput_window", "loss_chunk_tokens"):
+    for key in (
+        "total_steps",
+        "batch_size",
+        "micro_batch_size",
+        "log_every",
+        "eval_every",
+        "eval_batches",
+        "prefetch",
+        "throughput_window",
+        "loss_chunk_tokens",
+    ):
         if getattr(t, key) <= 0:
             p.append(f"train.{key}: must be positive, got {getattr(t, key)}")
     p.extend(batch_problems(t.batch_size, t.micro_batch_size, t.grad_accum_steps, world_size))
@@ -351,8 +368,9 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
     if not 0 < s.ema_alpha <= 1:
         p.append(f"spike.ema_alpha: must be in (0, 1], got {s.ema_alpha}")
     if s.baseline_steps < 1 or s.grad_window < 1 or s.loss_sigma <= 0 or s.grad_factor <= 1 or s.min_loss_jump < 0:
-        p.append("spike: baseline_steps and grad_window must be >= 1, loss_sigma > 0, grad_factor > 1, "
-                 "min_loss_jump >= 0")
+        p.append(
+            "spike: baseline_steps and grad_window must be >= 1, loss_sigma > 0, grad_factor > 1, min_loss_jump >= 0"
+        )
     c = cfg.checkpoint
     if c.keep_last < 1:
         p.append(f"checkpoint.keep_last: must be at least 1, got {c.keep_last}")
@@ -361,8 +379,10 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
     if c.every_min < 0:
         p.append(f"checkpoint.every_min: must be >= 0 (0 turns the wall-clock cadence off), got {c.every_min}")
     if not 0 <= c.remote_wait_min <= 24 * 60:
-        p.append(f"checkpoint.remote_wait_min: must be between 0 (no wait: exit 8 at once) and 1440 minutes, got "
-                 f"{c.remote_wait_min}")
+        p.append(
+            f"checkpoint.remote_wait_min: must be between 0 (no wait: exit 8 at once) and 1440 minutes, got "
+            f"{c.remote_wait_min}"
+        )
     if c.remote is not None and not re.match(r"^s3://[^/]+", c.remote):
         p.append(f"checkpoint.remote: expected s3://BUCKET/PREFIX (or null: no mirror), got {c.remote!r}")
     if t.min_tokens_per_s_window_min < 0:
@@ -370,9 +390,11 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
     if t.min_tokens_per_s is not None and t.min_tokens_per_s <= 0:
         p.append(f"train.min_tokens_per_s: must be positive when set, got {t.min_tokens_per_s}")
     if t.eval_tasks_every < 0 or t.eval_tasks_max_s <= 0 or (t.eval_tasks_limit is not None and t.eval_tasks_limit < 1):
-        p.append(f"train.eval_tasks_every must be >= 0 (0: at the end only), train.eval_tasks_max_s positive and "
-                 f"train.eval_tasks_limit at least 1 when set; got {t.eval_tasks_every}, {t.eval_tasks_max_s}, "
-                 f"{t.eval_tasks_limit}")
+        p.append(
+            f"train.eval_tasks_every must be >= 0 (0: at the end only), train.eval_tasks_max_s positive and "
+            f"train.eval_tasks_limit at least 1 when set; got {t.eval_tasks_every}, {t.eval_tasks_max_s}, "
+            f"{t.eval_tasks_limit}"
+        )
     if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):
         p.append(f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
     return p + _budget_problems(cfg.budget, o)
@@ -383,8 +405,10 @@ def _budget_problems(b: BudgetConfig, o: OptimConfig) -> list[str]:
     if b.cap_usd is not None and b.cap_usd <= 0:
         p.append(f"budget.cap_usd: must be positive (or null: no guard), got {b.cap_usd}")
     if b.cap_usd is not None and not 0 <= b.alert_usd < b.cap_usd:
-        p.append(f"budget.alert_usd: {b.alert_usd} must be below budget.cap_usd {b.cap_usd} and >= 0 "
-                 "(--budget-alert-usd, --budget-cap-usd)")
+        p.append(
+            f"budget.alert_usd: {b.alert_usd} must be below budget.cap_usd {b.cap_usd} and >= 0 "
+            "(--budget-alert-usd, --budget-cap-usd)"
+        )
     for key in ("check_every_min", "sidecar_interval_min", "unknown_grace_min", "stop_wait_s", "max_rate_usd_per_hr"):
         if getattr(b, key) <= 0:
             p.append(f"budget.{key}: must be positive, got {getattr(b, key)}")
@@ -397,21 +421,26 @@ def _budget_problems(b: BudgetConfig, o: OptimConfig) -> list[str]:
     if not 0 < b.assumed_mfu <= 1:
         p.append(f"budget.assumed_mfu: must be in (0, 1], got {b.assumed_mfu}")
     if b.fit and o.schedule != "wsd":
-        p.append(f"budget.fit: needs optim.schedule 'wsd', not {o.schedule!r} (a cosine's shape depends on "
-                 "a total that is not known in advance); use --set optim.schedule=wsd")
+        p.append(
+            f"budget.fit: needs optim.schedule 'wsd', not {o.schedule!r} (a cosine's shape depends on "
+            "a total that is not known in advance); use --set optim.schedule=wsd"
+        )
     return p
 
 
 # Keys that moved: the old spelling is still read, for one release, with a one-line notice (old -> new).
 RENAMED: dict[str, str] = {
-    "train.ckpt_every": "checkpoint.every_steps", "train.ckpt_every_min": "checkpoint.every_min",
-    "train.fit_to_budget": "budget.fit", "spike.warmup_steps": "spike.baseline_steps",
+    "train.ckpt_every": "checkpoint.every_steps",
+    "train.ckpt_every_min": "checkpoint.every_min",
+    "train.fit_to_budget": "budget.fit",
+    "spike.warmup_steps": "spike.baseline_steps",
     "spike.skip_spike_steps": "spike.skip_steps",
 }
 
 
-def upgrade(data: dict[str, Any], notice: Callable[[str], None] | None = None,
-            problems: list[str] | None = None) -> dict[str, Any]:
+def upgrade(
+    data: dict[str, Any], notice: Callable[[str], None] | None = None, problems: list[str] | None = None
+) -> dict[str, Any]:
     """``data`` (sections of keys) with every renamed key under its new name: a config file written before a
     rename, or the config a checkpoint recorded. ``notice`` is told of each; both spellings at once is a
     problem."""
@@ -434,8 +463,9 @@ def upgrade(data: dict[str, Any], notice: Callable[[str], None] | None = None,
     return out
 
 
-def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[str] | None = None,
-         world_size: int = 1) -> Config:
+def load(
+    path: str | Path, overrides: dict[str, Any] | None = None, sets: list[str] | None = None, world_size: int = 1
+) -> Config:
     """Load ``path``, apply flag ``overrides`` ({"train.total_steps": 100}) then ``--set`` strings.
 
     ``train.grad_accum_steps`` is derived: batch_size / micro_batch_size micro-batches a step over all ranks
@@ -466,9 +496,12 @@ def load(path: str | Path, overrides: dict[str, Any] | None = None, sets: list[s
         items.append((key.strip(), yaml.safe_load(raw) if raw.strip() else raw))
     given = {RENAMED.get(k, k) for k, _ in items}
     train = merged.get("train")
-    if isinstance(train, dict) and given & {"train.batch_size", "train.micro_batch_size"} \
-            and "train.grad_accum_steps" not in given:
-        train.pop("grad_accum_steps", None)   # the file's value matched the file's batch and micro-batch
+    if (
+        isinstance(train, dict)
+        and given & {"train.batch_size", "train.micro_batch_size"}
+        and "train.grad_accum_steps" not in given
+    ):
+        train.pop("grad_accum_steps", None)  # the file's value matched the file's batch and micro-batch
     for key, value in items:
         if key in RENAMED:
             _notice(f"--set {key}: {key} is now {RENAMED[key]} (the old key is read for one release)")
@@ -501,23 +534,50 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 # Keys that change how a run is operated, not what it computes: a resume may change them freely.
-OPERATIONAL_KEYS = frozenset({
-    "train.log_every", "train.eval_every", "train.eval_batches", "train.prefetch",
-    "train.compile", "train.compile_mode", "train.device", "train.min_tokens_per_s", "train.throughput_window",
-    "train.min_tokens_per_s_window_min", "train.min_tokens_per_s_always",
-    "checkpoint.every_steps", "checkpoint.every_min", "checkpoint.keep_last", "checkpoint.async_save",
-    "checkpoint.remote", "checkpoint.remote_wait_min", "spike.ema_alpha", "spike.baseline_steps", "spike.loss_sigma",
-    "spike.min_loss_jump", "spike.grad_factor", "spike.grad_window",
-    # how the same computation runs: the state fits either way (a change is logged; bitwise resume needs none)
-    "train.fused_loss", "train.loss_chunk_tokens", "train.bf16_residual", "train.compile_scope",
-    "train.deterministic", "train.sdpa_cudnn", "train.eval_tasks", "train.eval_tasks_every", "train.eval_tasks_limit",
-    "train.eval_tasks_max_s",
-    # how the global batch is cut: a step's sequences depend on batch_size, seed and seq_len only
-    # (data.tokens.Sampler), so another micro-batch or rank count trains on the same data (float rounding apart)
-    "train.micro_batch_size", "train.grad_accum_steps",
-    # money: the cap, its lines and cadences may change between restarts (budget.fit changes the schedule: not here)
-    *(f"budget.{f.name}" for f in dataclasses.fields(BudgetConfig) if f.name != "fit"),
-})
+OPERATIONAL_KEYS = frozenset(
+    {
+        "train.log_every",
+        "train.eval_every",
+        "train.eval_batches",
+        "train.prefetch",
+        "train.compile",
+        "train.compile_mode",
+        "train.device",
+        "train.min_tokens_per_s",
+        "train.throughput_window",
+        "train.min_tokens_per_s_window_min",
+        "train.min_tokens_per_s_always",
+        "checkpoint.every_steps",
+        "checkpoint.every_min",
+        "checkpoint.keep_last",
+        "checkpoint.async_save",
+        "checkpoint.remote",
+        "checkpoint.remote_wait_min",
+        "spike.ema_alpha",
+        "spike.baseline_steps",
+        "spike.loss_sigma",
+        "spike.min_loss_jump",
+        "spike.grad_factor",
+        "spike.grad_window",
+        # how the same computation runs: the state fits either way (a change is logged; bitwise resume needs none)
+        "train.fused_loss",
+        "train.loss_chunk_tokens",
+        "train.bf16_residual",
+        "train.compile_scope",
+        "train.deterministic",
+        "train.sdpa_cudnn",
+        "train.eval_tasks",
+        "train.eval_tasks_every",
+        "train.eval_tasks_limit",
+        "train.eval_tasks_max_s",
+        # how the global batch is cut: a step's sequences depend on batch_size, seed and seq_len only
+        # (data.tokens.Sampler), so another micro-batch or rank count trains on the same data (float rounding apart)
+        "train.micro_batch_size",
+        "train.grad_accum_steps",
+        # money: the cap, its lines and cadences may change between restarts (budget.fit changes the schedule: not here)
+        *(f"budget.{f.name}" for f in dataclasses.fields(BudgetConfig) if f.name != "fit"),
+    }
+)
 
 
 DEFAULTS: dict[str, Any] = flatten(dataclasses.asdict(Config()))

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-LOG_FILE_ENV = "X1_LOG_FILE"   # set by the watchdog for its trainer: where output goes once the terminal is gone
+LOG_FILE_ENV = "X1_LOG_FILE"  # set by the watchdog for its trainer: where output goes once the terminal is gone
 
 
 class _Resilient:
@@ -28,7 +28,7 @@ class _Resilient:
     def __init__(self, stream: TextIO, divert_to: Path | None) -> None:
         self._stream = stream
         self._divert_to = divert_to
-        self.diverted: str | None = None    # where output went once the terminal failed
+        self.diverted: str | None = None  # where output went once the terminal failed
 
     def _divert(self) -> None:
         if self.diverted is not None:
@@ -88,7 +88,7 @@ def guarded_console(log_file: Path | None = None) -> Iterator[None]:
     """Inside: ``sys.stdout`` and ``sys.stderr`` never raise on a closed terminal (see the module)."""
     target = log_file if log_file is not None else log_file_from_env()
     saved = sys.stdout, sys.stderr
-    if isinstance(sys.stdout, _Resilient):   # nested (a command calling another in-process)
+    if isinstance(sys.stdout, _Resilient):  # nested (a command calling another in-process)
         yield
         return
     sys.stdout = _Resilient(saved[0], target)

@@ -59,8 +59,9 @@ def machine() -> dict[str, Any]:
         info["ram_gb"] = None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info.update(gpu_name=props.name, gpu_count=torch.cuda.device_count(),
-                    gpu_memory_gb=round(props.total_memory / 2**30, 1))
+        info.update(
+            gpu_name=props.name, gpu_count=torch.cuda.device_count(), gpu_memory_gb=round(props.total_memory / 2**30, 1)
+        )
     else:
         info.update(gpu_name=None, gpu_count=0, gpu_memory_gb=None)
     return info

@@ -22,9 +22,9 @@ EXIT_ABORTED = 130  # a second SIGINT: stopped at once, no checkpoint
 @dataclass(frozen=True)
 class ExitCode:
     code: int
-    short: str           # in the watchdog's one-line messages
+    short: str  # in the watchdog's one-line messages
     meaning: str
-    relaunched: bool     # by the watchdog (and SkyPilot's recovery)
+    relaunched: bool  # by the watchdog (and SkyPilot's recovery)
 
 
 # The one table of what the trainer's exit codes mean: `train --help`, the watchdog's policy and messages use it;
@@ -32,26 +32,54 @@ class ExitCode:
 EXIT_CODES = (
     ExitCode(EXIT_OK, "finished", "finished", False),
     ExitCode(EXIT_UNEXPECTED, "unexpected failure", "unexpected failure (a bug, a crash)", True),
-    ExitCode(EXIT_USAGE, "bad usage/config/data",
-             "bad usage, config or data (the message names the key or file and the fix)", False),
-    ExitCode(EXIT_BUDGET_CHECKPOINT, "budget stop (checkpointed)",
-             "budget stop with a checkpoint (projected total above the cap, spend unknown too long, or launch "
-             "refused)", False),
-    ExitCode(EXIT_BUDGET_NOW, "budget stop (no checkpoint)",
-             "budget stop without a checkpoint (spent above the cap)", False),
-    ExitCode(EXIT_DIVERGED, "diverged",
-             "diverged: NaN/Inf loss or grad norm (no checkpoint written from those weights)", False),
-    ExitCode(EXIT_SLOW, "throughput below floor",
-             "throughput below --min-tokens-per-s (in the first --min-tokens-per-s-window-min minutes)", False),
-    ExitCode(EXIT_CHECKPOINT_FAILED, "the final or stop checkpoint could not be written (the last good one is kept)",
-             "the final or the stop checkpoint could not be written (a full disk; or another write the run cannot "
-             "skip); the last complete one stays latest, and the watchdog waits for free space before it "
-             "relaunches", True),
-    ExitCode(EXIT_STORE_UNAVAILABLE, "the checkpoint store could not be reached at start",
-             "the checkpoint store (--ckpt-remote) could not be reached at start within checkpoint.remote_wait_min "
-             "minutes, with nothing local to resume from", True),
-    ExitCode(EXIT_INTERRUPTED, "interrupted after a checkpoint",
-             "interrupted by SIGTERM/SIGINT/SIGHUP (a closed terminal) after a clean checkpoint", True),
+    ExitCode(
+        EXIT_USAGE,
+        "bad usage/config/data",
+        "bad usage, config or data (the message names the key or file and the fix)",
+        False,
+    ),
+    ExitCode(
+        EXIT_BUDGET_CHECKPOINT,
+        "budget stop (checkpointed)",
+        "budget stop with a checkpoint (projected total above the cap, spend unknown too long, or launch refused)",
+        False,
+    ),
+    ExitCode(
+        EXIT_BUDGET_NOW, "budget stop (no checkpoint)", "budget stop without a checkpoint (spent above the cap)", False
+    ),
+    ExitCode(
+        EXIT_DIVERGED,
+        "diverged",
+        "diverged: NaN/Inf loss or grad norm (no checkpoint written from those weights)",
+        False,
+    ),
+    ExitCode(
+        EXIT_SLOW,
+        "throughput below floor",
+        "throughput below --min-tokens-per-s (in the first --min-tokens-per-s-window-min minutes)",
+        False,
+    ),
+    ExitCode(
+        EXIT_CHECKPOINT_FAILED,
+        "the final or stop checkpoint could not be written (the last good one is kept)",
+        "the final or the stop checkpoint could not be written (a full disk; or another write the run cannot "
+        "skip); the last complete one stays latest, and the watchdog waits for free space before it "
+        "relaunches",
+        True,
+    ),
+    ExitCode(
+        EXIT_STORE_UNAVAILABLE,
+        "the checkpoint store could not be reached at start",
+        "the checkpoint store (--ckpt-remote) could not be reached at start within checkpoint.remote_wait_min "
+        "minutes, with nothing local to resume from",
+        True,
+    ),
+    ExitCode(
+        EXIT_INTERRUPTED,
+        "interrupted after a checkpoint",
+        "interrupted by SIGTERM/SIGINT/SIGHUP (a closed terminal) after a clean checkpoint",
+        True,
+    ),
     ExitCode(EXIT_ABORTED, "aborted by a second SIGINT", "aborted by a second SIGINT (no checkpoint)", False),
 )
 MEANINGS = {e.code: e.short for e in EXIT_CODES}
@@ -60,7 +88,8 @@ MEANINGS = {e.code: e.short for e in EXIT_CODES}
 def exit_code_help(short: bool = False) -> str:
     """The exit-code lines of a command's --help (the trainer's; ``short`` for the watchdog's)."""
     return "Exit codes of train (the watchdog relaunches those marked *):\n" + "\n".join(
-        f"  {e.code:>3}{'*' if e.relaunched else ' '} {e.short if short else e.meaning}" for e in EXIT_CODES)
+        f"  {e.code:>3}{'*' if e.relaunched else ' '} {e.short if short else e.meaning}" for e in EXIT_CODES
+    )
 
 
 class X1Error(Exception):

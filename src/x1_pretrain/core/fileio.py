@@ -23,15 +23,24 @@ def inside(root: Path, rel: object, what: str = "a path", fix: str = "it was not
     """``root / rel`` for a relative posix path read from an untrusted source, or OutsideFolder (exit 2) naming
     it: refused when empty, absolute, holding ``..``/``.``/empty parts, a backslash or a NUL, or when a symlink
     in an existing parent would take it outside ``root``. The one check every pull makes before it writes."""
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel \
-            or any(part in ("", ".", "..") for part in rel.split("/")):
-        raise OutsideFolder(f"{what} {rel!r} would be written outside its folder {root}: {fix}; nothing was "
-                            "written for it")
+    if (
+        not isinstance(rel, str)
+        or not rel
+        or rel.startswith("/")
+        or "\\" in rel
+        or "\x00" in rel
+        or any(part in ("", ".", "..") for part in rel.split("/"))
+    ):
+        raise OutsideFolder(
+            f"{what} {rel!r} would be written outside its folder {root}: {fix}; nothing was written for it"
+        )
     base = root.resolve()
-    target = (base / rel).resolve()   # follows the symlinks of the parents that exist
+    target = (base / rel).resolve()  # follows the symlinks of the parents that exist
     if target == base or not target.is_relative_to(base):
-        raise OutsideFolder(f"{what} {rel!r} would be written outside its folder {root} (through the symlink "
-                            f"{target}): {fix}; nothing was written for it")
+        raise OutsideFolder(
+            f"{what} {rel!r} would be written outside its folder {root} (through the symlink "
+            f"{target}): {fix}; nothing was written for it"
+        )
     return base / rel
 
 
@@ -66,8 +75,11 @@ def write_text_atomic(path: Path, text: str, mode: int | None = None) -> None:
     the file's permissions from its creation on (default: the umask's)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        with open(tmp, "w") if mode is None else os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                                                                   mode), "w") as f:
+        with (
+            open(tmp, "w")
+            if mode is None
+            else os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f
+        ):
             if mode is not None:
                 os.fchmod(f.fileno(), mode)
             f.write(text)

@@ -35,8 +35,14 @@ class Response:
     body: bytes
 
 
-def request(url: str, deadline_s: float, method: str = "GET", headers: dict[str, str] | None = None,
-            body: bytes | None = None, ssl_context: ssl.SSLContext | None = None) -> Response:
+def request(
+    url: str,
+    deadline_s: float,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    body: bytes | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> Response:
     """Send one request and read the whole answer within ``deadline_s`` seconds (connect included).
 
     Non-2xx answers raise ``HttpError("HTTP <code>")`` carrying the start of the body as detail."""
@@ -48,7 +54,8 @@ def request(url: str, deadline_s: float, method: str = "GET", headers: dict[str,
     per_op = max(min(deadline_s, 30.0), 0.05)
     if parts.scheme == "https":
         conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-            parts.hostname, parts.port, timeout=per_op, context=ssl_context or ssl.create_default_context())
+            parts.hostname, parts.port, timeout=per_op, context=ssl_context or ssl.create_default_context()
+        )
     else:
         conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=per_op)
     result: dict[str, object] = {}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-EXPERIMENT = "x1-pretraining"   # the MLflow experiment a run logs to unless --experiment says otherwise
+EXPERIMENT = "x1-pretraining"  # the MLflow experiment a run logs to unless --experiment says otherwise
 
 
-MLFLOW_DB = "mlflow.db"         # the default store's file in --ckpt-dir (and its name in a checkpoint mirror)
+MLFLOW_DB = "mlflow.db"  # the default store's file in --ckpt-dir (and its name in a checkpoint mirror)
 
 
 def default_mlflow_uri(ckpt_dir: Path) -> str:
@@ -45,39 +45,41 @@ TRAIN_STEP_TIME_S = "train/step_time_s"
 TRAIN_TOKENS_PER_S = "train/tokens_per_s"
 TRAIN_TOKENS_SEEN = "train/tokens_seen"
 VAL_LOSS = "val/loss"
-METRICS = frozenset({
-    BUDGET_DECAY_START_STEP,
-    BUDGET_PLANNED_END_STEP,
-    BUDGET_PROJECTED_USD,
-    BUDGET_SPENT_USD,
-    CHECKPOINT_FAILED,
-    CHECKPOINT_MB_PER_S,
-    CHECKPOINT_SAVE_S,
-    CHECKPOINT_SIZE_MB,
-    RUN_RESTARTS,
-    SPIKE_BASELINE_LOSS,
-    SPIKE_CLIPPED,
-    SPIKE_DETECTED,
-    SPIKE_GRAD_NORM,
-    SPIKE_INJECTED,
-    SPIKE_LOSS,
-    SPIKE_UPDATE_SKIPPED,
-    TRAIN_FIRST_STEP_S,
-    TRAIN_GRAD_NORM,
-    TRAIN_LOSS,
-    TRAIN_LR,
-    TRAIN_MFU,
-    TRAIN_MFU_LAB_6N,
-    TRAIN_PARAM_NORM,
-    TRAIN_PEAK_MEM_GIB,
-    TRAIN_STEP_TIME_S,
-    TRAIN_TOKENS_PER_S,
-    TRAIN_TOKENS_SEEN,
-    VAL_LOSS,
-})
+METRICS = frozenset(
+    {
+        BUDGET_DECAY_START_STEP,
+        BUDGET_PLANNED_END_STEP,
+        BUDGET_PROJECTED_USD,
+        BUDGET_SPENT_USD,
+        CHECKPOINT_FAILED,
+        CHECKPOINT_MB_PER_S,
+        CHECKPOINT_SAVE_S,
+        CHECKPOINT_SIZE_MB,
+        RUN_RESTARTS,
+        SPIKE_BASELINE_LOSS,
+        SPIKE_CLIPPED,
+        SPIKE_DETECTED,
+        SPIKE_GRAD_NORM,
+        SPIKE_INJECTED,
+        SPIKE_LOSS,
+        SPIKE_UPDATE_SKIPPED,
+        TRAIN_FIRST_STEP_S,
+        TRAIN_GRAD_NORM,
+        TRAIN_LOSS,
+        TRAIN_LR,
+        TRAIN_MFU,
+        TRAIN_MFU_LAB_6N,
+        TRAIN_PARAM_NORM,
+        TRAIN_PEAK_MEM_GIB,
+        TRAIN_STEP_TIME_S,
+        TRAIN_TOKENS_PER_S,
+        TRAIN_TOKENS_SEEN,
+        VAL_LOSS,
+    }
+)
 
 
-EVAL_TASK_PREFIX = "eval/"   # eval/<task>/acc, eval/<task>/acc_norm and eval/<task>/n (items scored): in-loop
+EVAL_TASK_PREFIX = "eval/"  # eval/<task>/acc, eval/<task>/acc_norm and eval/<task>/n (items scored): in-loop
 
 
 def eval_task_metric(task: str, metric: str) -> str:
@@ -94,7 +96,7 @@ TAG_CHECKPOINT_FAILED = "checkpoint_failed"
 TAG_CHECKPOINT_FAILURES = "checkpoint_failures"
 TAG_COMPILE_FALLBACK = "compile_fallback"
 TAG_COMPILE_MODE_EFFECTIVE = "compile_mode_effective"
-TAG_COMPILE_SCOPE_EFFECTIVE = "compile_scope_effective"   # train.compile_scope, or blocks where torch needs it
+TAG_COMPILE_SCOPE_EFFECTIVE = "compile_scope_effective"  # train.compile_scope, or blocks where torch needs it
 TAG_CONFIG_CHANGED_ON_RESUME = "config_changed_on_resume"
 TAG_CONFIG_FILE = "config_file"
 TAG_DEVICE = "device"
@@ -114,34 +116,36 @@ TAG_SPIKE_BATCHES = "spike_batches"
 TAG_SPIKE_INJECTION = "spike_injection"
 TAG_SPIKE_INJECTION_SKIPPED = "spike_injection_skipped"
 TAG_SPIKE_INJECT_AT_STEP = "spike_inject_at_step"
-OLD_TAG_BUDGET_SOURCE = "budget_source"   # TAG_BUDGET_CURR_COST_URI before it was renamed (older runs)
-TAGS = frozenset({
-    TAG_ATTENTION_EFFECTIVE,
-    TAG_BUDGET_ALERT_USD,
-    TAG_BUDGET_CAP_USD,
-    TAG_BUDGET_CURR_COST_URI,
-    TAG_CHECKPOINT_FAILED,
-    TAG_CHECKPOINT_FAILURES,
-    TAG_COMPILE_FALLBACK,
-    TAG_COMPILE_MODE_EFFECTIVE,
-    TAG_COMPILE_SCOPE_EFFECTIVE,
-    TAG_CONFIG_CHANGED_ON_RESUME,
-    TAG_CONFIG_FILE,
-    TAG_DEVICE,
-    TAG_DIVERGED_AT_STEP,
-    TAG_END_REASON,
-    TAG_EVAL_TASKS_FAILED,
-    TAG_EXIT_CODE,
-    TAG_FINAL_CHECKPOINT,
-    TAG_FINAL_SAFETENSORS,
-    TAG_FINAL_SAFETENSORS_SHA256,
-    TAG_FORCE_LAUNCH,
-    TAG_GIT_COMMIT,
-    TAG_HOST,
-    TAG_KERNELS,
-    TAG_RESTARTS,
-    TAG_SPIKE_BATCHES,
-    TAG_SPIKE_INJECTION,
-    TAG_SPIKE_INJECTION_SKIPPED,
-    TAG_SPIKE_INJECT_AT_STEP,
-})
+OLD_TAG_BUDGET_SOURCE = "budget_source"  # TAG_BUDGET_CURR_COST_URI before it was renamed (older runs)
+TAGS = frozenset(
+    {
+        TAG_ATTENTION_EFFECTIVE,
+        TAG_BUDGET_ALERT_USD,
+        TAG_BUDGET_CAP_USD,
+        TAG_BUDGET_CURR_COST_URI,
+        TAG_CHECKPOINT_FAILED,
+        TAG_CHECKPOINT_FAILURES,
+        TAG_COMPILE_FALLBACK,
+        TAG_COMPILE_MODE_EFFECTIVE,
+        TAG_COMPILE_SCOPE_EFFECTIVE,
+        TAG_CONFIG_CHANGED_ON_RESUME,
+        TAG_CONFIG_FILE,
+        TAG_DEVICE,
+        TAG_DIVERGED_AT_STEP,
+        TAG_END_REASON,
+        TAG_EVAL_TASKS_FAILED,
+        TAG_EXIT_CODE,
+        TAG_FINAL_CHECKPOINT,
+        TAG_FINAL_SAFETENSORS,
+        TAG_FINAL_SAFETENSORS_SHA256,
+        TAG_FORCE_LAUNCH,
+        TAG_GIT_COMMIT,
+        TAG_HOST,
+        TAG_KERNELS,
+        TAG_RESTARTS,
+        TAG_SPIKE_BATCHES,
+        TAG_SPIKE_INJECTION,
+        TAG_SPIKE_INJECTION_SKIPPED,
+        TAG_SPIKE_INJECT_AT_STEP,
+    }
+)

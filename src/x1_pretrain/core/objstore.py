@@ -19,40 +19,57 @@ from . import redact
 from .errors import X1Error
 
 SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
-AUTH_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken",
-              "AuthorizationHeaderMalformed", "InvalidSecurity", "403", "Forbidden", "Unauthorized", "401"}
+AUTH_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "InvalidToken",
+    "ExpiredToken",
+    "AuthorizationHeaderMalformed",
+    "InvalidSecurity",
+    "403",
+    "Forbidden",
+    "Unauthorized",
+    "401",
+}
 MISSING_KEY_CODES = {"NoSuchKey", "404", "NotFound"}
-CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412"}   # a conditional write that lost
-CONDITIONAL_PARAMS = ("IfMatch", "IfNoneMatch")   # PutObject's conditional writes: botocore >= 1.35.69 knows both
+CONFLICT_CODES = {"PreconditionFailed", "ConditionalRequestConflict", "412"}  # a conditional write that lost
+CONDITIONAL_PARAMS = ("IfMatch", "IfNoneMatch")  # PutObject's conditional writes: botocore >= 1.35.69 knows both
 BOTO3_FIX = "pip install 'boto3>=1.35.69' (the first whose botocore has IfMatch and IfNoneMatch on PutObject)"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-_]{1,61}[a-z0-9]$")
 # the fix named in every credential error
-CREDENTIALS_FIX = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for R2, B2, MinIO or "
-                   "RunPod) to a key that may read, write and delete under the prefix")
+CREDENTIALS_FIX = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and AWS_ENDPOINT_URL for R2, B2, MinIO or "
+    "RunPod) to a key that may read, write and delete under the prefix"
+)
 
 
 @dataclass(frozen=True)
 class RemoteURL:
     bucket: str
-    prefix: str       # no leading or trailing slash; "" is the bucket's root
+    prefix: str  # no leading or trailing slash; "" is the bucket's root
 
     @classmethod
     def parse(cls, url: str, what: str = "--ckpt-remote") -> RemoteURL:
         m = re.match(r"^s3://([^/]+)/?(.*)$", url.strip())
         if not m:
-            raise X1Error(f"{what} {url!r}: expected s3://BUCKET/PREFIX (an S3-compatible store; the endpoint comes "
-                          "from AWS_ENDPOINT_URL for R2, B2, MinIO or RunPod)")
+            raise X1Error(
+                f"{what} {url!r}: expected s3://BUCKET/PREFIX (an S3-compatible store; the endpoint comes "
+                "from AWS_ENDPOINT_URL for R2, B2, MinIO or RunPod)"
+            )
         bucket, prefix = m.group(1), m.group(2).strip("/")
         if not _BUCKET_RE.match(bucket):
-            raise X1Error(f"{what} {url!r}: {bucket!r} is not a valid bucket name (3-63 lower-case letters, "
-                          "digits, dots and hyphens)")
+            raise X1Error(
+                f"{what} {url!r}: {bucket!r} is not a valid bucket name (3-63 lower-case letters, "
+                "digits, dots and hyphens)"
+            )
         return cls(bucket, prefix)
 
     def key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
 
     def rel(self, key: str) -> str:
-        return key[len(self.prefix) + 1:] if self.prefix else key
+        return key[len(self.prefix) + 1 :] if self.prefix else key
 
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
@@ -92,9 +109,12 @@ def classify(e: BaseException) -> StoreError:
     if isinstance(e, StoreError):
         return e
     if isinstance(e, (b3x.S3UploadFailedError, b3x.RetriesExceededError)):
-        cause = e.__cause__ or e.__context__   # upload_file wraps the ClientError it got
-        if cause is not None and cause is not e and not isinstance(cause, (b3x.S3UploadFailedError,
-                                                                           b3x.RetriesExceededError)):
+        cause = e.__cause__ or e.__context__  # upload_file wraps the ClientError it got
+        if (
+            cause is not None
+            and cause is not e
+            and not isinstance(cause, (b3x.S3UploadFailedError, b3x.RetriesExceededError))
+        ):
             try:
                 return classify(cause)
             except Exception:
@@ -104,9 +124,12 @@ def classify(e: BaseException) -> StoreError:
     if isinstance(e, bx.ParamValidationError) and any(f'"{p}"' in str(e) for p in CONDITIONAL_PARAMS):
         import botocore
 
-        return StoreError("unsupported", f"botocore {botocore.__version__} does not know PutObject's IfMatch / "
-                          f"IfNoneMatch, the conditional writes x1 needs ({' '.join(scrub(str(e)).split())[:160]}); "
-                          f"{BOTO3_FIX}")
+        return StoreError(
+            "unsupported",
+            f"botocore {botocore.__version__} does not know PutObject's IfMatch / "
+            f"IfNoneMatch, the conditional writes x1 needs ({' '.join(scrub(str(e)).split())[:160]}); "
+            f"{BOTO3_FIX}",
+        )
     if isinstance(e, (bx.NoCredentialsError, bx.PartialCredentialsError)):
         return StoreError("auth", f"no usable credentials ({scrub(str(e))})")
     if isinstance(e, bx.ClientError):
@@ -121,14 +144,27 @@ def classify(e: BaseException) -> StoreError:
         if code in CONFLICT_CODES or status == 412:
             return StoreError("conflict", text)
         if code == "NotImplemented" or status == 501:
-            return StoreError("unsupported", f"{text}: the store does not implement a request x1 makes (the "
-                              "conditional writes If-Match / If-None-Match on PutObject: AWS S3, R2 and MinIO take "
-                              "them); use a store that does")
+            return StoreError(
+                "unsupported",
+                f"{text}: the store does not implement a request x1 makes (the "
+                "conditional writes If-Match / If-None-Match on PutObject: AWS S3, R2 and MinIO take "
+                "them); use a store that does",
+            )
         if status >= 500 or code in ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable"):
             return StoreError("unreachable", text)
         return StoreError("other", text)
-    if isinstance(e, (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError,
-                      bx.ConnectionClosedError, bx.ProxyConnectionError, ConnectionError, TimeoutError)):
+    if isinstance(
+        e,
+        (
+            bx.EndpointConnectionError,
+            bx.ConnectTimeoutError,
+            bx.ReadTimeoutError,
+            bx.ConnectionClosedError,
+            bx.ProxyConnectionError,
+            ConnectionError,
+            TimeoutError,
+        ),
+    ):
         return StoreError("unreachable", scrub(f"{type(e).__name__}: {e}"))
     if isinstance(e, (bx.BotoCoreError, b3x.Boto3Error)):
         return StoreError("other", scrub(f"{type(e).__name__}: {e}"))
@@ -138,8 +174,9 @@ def classify(e: BaseException) -> StoreError:
 class Store:
     """One bucket and prefix. Thread-safe for one caller at a time (the mirror's thread; a resume's download)."""
 
-    def __init__(self, url: RemoteURL, connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0,
-                 attempts: int = 3) -> None:
+    def __init__(
+        self, url: RemoteURL, connect_timeout_s: float = 10.0, read_timeout_s: float = 60.0, attempts: int = 3
+    ) -> None:
         self.url = url
         self.timeouts = (connect_timeout_s, read_timeout_s, attempts)
         self._client: Any = None
@@ -152,12 +189,20 @@ class Store:
 
             connect, read, attempts = self.timeouts
             try:
-                self._client = boto3.session.Session().client("s3", config=Config(
-                    connect_timeout=connect, read_timeout=read, signature_version="s3v4",
-                    retries={"max_attempts": attempts, "mode": "standard"}))
+                self._client = boto3.session.Session().client(
+                    "s3",
+                    config=Config(
+                        connect_timeout=connect,
+                        read_timeout=read,
+                        signature_version="s3v4",
+                        retries={"max_attempts": attempts, "mode": "standard"},
+                    ),
+                )
             except ValueError as e:  # botocore's words for a malformed AWS_ENDPOINT_URL or region
-                raise X1Error(f"--ckpt-remote {self.url}: the S3 client cannot be made ({scrub(str(e))}); check "
-                              "AWS_ENDPOINT_URL (https://host[:port]) and AWS_DEFAULT_REGION") from None
+                raise X1Error(
+                    f"--ckpt-remote {self.url}: the S3 client cannot be made ({scrub(str(e))}); check "
+                    "AWS_ENDPOINT_URL (https://host[:port]) and AWS_DEFAULT_REGION"
+                ) from None
         return self._client
 
     def endpoint(self) -> str:
@@ -185,10 +230,10 @@ class Store:
                 raise StoreError("bucket", f"no bucket {self.url.bucket!r} at {self.endpoint()}") from None
             raise err from None
         probe = f".x1-write-check-{os.getpid()}"
-        try:   # conditional, as the mirror's writes are: a client or store without them is refused here
+        try:  # conditional, as the mirror's writes are: a client or store without them is refused here
             self.put_bytes(b"x1 checks that it may write here\n", probe, if_none_match=True)
         except StoreError as e:
-            if e.kind != "conflict":   # a probe an earlier process of this pid left: the condition was understood
+            if e.kind != "conflict":  # a probe an earlier process of this pid left: the condition was understood
                 raise
         self.delete([probe])
 
@@ -199,8 +244,9 @@ class Store:
         # --stop-grace-s; the mirror's own (daemon) thread does the work
         config = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, use_threads=False)
         extra = {"Metadata": metadata} if metadata else None
-        self._call(self.client.upload_file, str(path), self.url.bucket, self.url.key(rel), Config=config,
-                   ExtraArgs=extra)
+        self._call(
+            self.client.upload_file, str(path), self.url.bucket, self.url.key(rel), Config=config, ExtraArgs=extra
+        )
 
     def head(self, rel: str) -> tuple[int, dict[str, str]] | None:
         """(size, user metadata) of an object, or None when there is no such key."""
@@ -212,8 +258,14 @@ class Store:
             raise
         return int(out.get("ContentLength", 0)), dict(out.get("Metadata") or {})
 
-    def put_bytes(self, data: bytes, rel: str, if_match: str | None = None, if_none_match: bool = False,
-                  metadata: dict[str, str] | None = None) -> None:
+    def put_bytes(
+        self,
+        data: bytes,
+        rel: str,
+        if_match: str | None = None,
+        if_none_match: bool = False,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
         """Write an object; ``if_match`` (an ETag read before) or ``if_none_match`` (the key must not exist) make
         it conditional: a write that lost the race is a StoreError of kind ``conflict`` and changes nothing."""
         extra: dict[str, Any] = {"Metadata": metadata} if metadata else {}
@@ -247,11 +299,13 @@ class Store:
         for u in uploads:
             initiated = u.get("Initiated")
             when = initiated.timestamp() if hasattr(initiated, "timestamp") else 0.0
-            if not str(u["Key"]).startswith(prefix) or when >= started_before or (
-                    mine is not None and not mine(self.url.rel(u["Key"]))):
+            if (
+                not str(u["Key"]).startswith(prefix)
+                or when >= started_before
+                or (mine is not None and not mine(self.url.rel(u["Key"])))
+            ):
                 continue
-            self._call(self.client.abort_multipart_upload, Bucket=self.url.bucket, Key=u["Key"],
-                       UploadId=u["UploadId"])
+            self._call(self.client.abort_multipart_upload, Bucket=self.url.bucket, Key=u["Key"], UploadId=u["UploadId"])
             done.append(self.url.rel(u["Key"]))
         return done
 
@@ -270,8 +324,9 @@ class Store:
     def list_objects(self, rel_prefix: str = "") -> dict[str, int]:
         """{relative key: size} of every object under ``rel_prefix``."""
         out: dict[str, int] = {}
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.url.bucket,
-                                                                      Prefix=self.url.key(rel_prefix))
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.url.bucket, Prefix=self.url.key(rel_prefix)
+        )
         try:
             for page in pages:
                 for obj in page.get("Contents", []):
@@ -283,32 +338,41 @@ class Store:
     def delete(self, rels: list[str]) -> None:
         """Delete keys (absent ones are fine); a key the credentials may not delete is a StoreError."""
         for i in range(0, len(rels), 1000):
-            chunk = [{"Key": self.url.key(r)} for r in rels[i:i + 1000]]
+            chunk = [{"Key": self.url.key(r)} for r in rels[i : i + 1000]]
             if not chunk:
                 continue
-            out = self._call(self.client.delete_objects, Bucket=self.url.bucket,
-                             Delete={"Objects": chunk, "Quiet": True})
+            out = self._call(
+                self.client.delete_objects, Bucket=self.url.bucket, Delete={"Objects": chunk, "Quiet": True}
+            )
             errors = [e for e in (out or {}).get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if errors:
                 code = str(errors[0].get("Code", ""))
-                raise StoreError("auth" if code in AUTH_CODES else "other",
-                                 scrub(f"{code}: {errors[0].get('Message', '')} ({len(errors)} key(s) not deleted)"))
+                raise StoreError(
+                    "auth" if code in AUTH_CODES else "other",
+                    scrub(f"{code}: {errors[0].get('Message', '')} ({len(errors)} key(s) not deleted)"),
+                )
 
 
 def launch_error(store: Store, e: StoreError) -> X1Error | None:
     """What a failed check means to the user (exit 2 naming the fix), or None for ``unreachable``: the only kind
     that waiting can mend (a connection refused or timed out, a 5xx)."""
     if e.kind == "auth":
-        return X1Error(f"--ckpt-remote {store.url}: the store at {store.endpoint()} refused the credentials "
-                       f"({e.detail}); {CREDENTIALS_FIX}")
+        return X1Error(
+            f"--ckpt-remote {store.url}: the store at {store.endpoint()} refused the credentials "
+            f"({e.detail}); {CREDENTIALS_FIX}"
+        )
     if e.kind == "bucket":
-        return X1Error(f"--ckpt-remote {store.url}: {e.detail}; create the bucket first (aws s3 mb "
-                       f"s3://{store.url.bucket}, or the provider's console) or fix the name")
+        return X1Error(
+            f"--ckpt-remote {store.url}: {e.detail}; create the bucket first (aws s3 mb "
+            f"s3://{store.url.bucket}, or the provider's console) or fix the name"
+        )
     if e.kind == "unsupported":
         return X1Error(f"--ckpt-remote {store.url}: {e.detail}")
     if e.kind == "other":
-        return X1Error(f"--ckpt-remote {store.url}: the store at {store.endpoint()} refused the check ({e.detail});"
-                       " check AWS_DEFAULT_REGION (the bucket's region; R2: auto) and AWS_ENDPOINT_URL")
+        return X1Error(
+            f"--ckpt-remote {store.url}: the store at {store.endpoint()} refused the check ({e.detail});"
+            " check AWS_DEFAULT_REGION (the bucket's region; R2: auto) and AWS_ENDPOINT_URL"
+        )
     return None
 
 
@@ -321,7 +385,9 @@ def launch_check(store: Store, log: Any) -> bool:
         err = launch_error(store, e)
         if err is not None:
             raise err from None
-        log(f"WARNING: --ckpt-remote {store.url} cannot be reached now ({e.detail}); training goes on with local "
-            "checkpoints and the mirror catches up when the store answers")
+        log(
+            f"WARNING: --ckpt-remote {store.url} cannot be reached now ({e.detail}); training goes on with local "
+            "checkpoints and the mirror catches up when the store answers"
+        )
         return False
     return True

@@ -11,10 +11,14 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 MASK = "***"
 # Where credentials go instead of a URL flag (a command line is visible to every local user in ps).
-MLFLOW_CREDENTIALS = ("put the user and password in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or a "
-                      "token in MLFLOW_TRACKING_TOKEN), which MLflow reads, and give the URL without them")
-BUDGET_CREDENTIALS = ("put the token in X1_BUDGET_TOKEN or a file named by X1_BUDGET_TOKEN_FILE (sent as a bearer "
-                      "token) and give the URL without it")
+MLFLOW_CREDENTIALS = (
+    "put the user and password in MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or a "
+    "token in MLFLOW_TRACKING_TOKEN), which MLflow reads, and give the URL without them"
+)
+BUDGET_CREDENTIALS = (
+    "put the token in X1_BUDGET_TOKEN or a file named by X1_BUDGET_TOKEN_FILE (sent as a bearer "
+    "token) and give the URL without it"
+)
 _warned: set[str] = set()
 
 
@@ -46,8 +50,13 @@ def secrets_of(text: str | None) -> list[str]:
         parts = urlsplit(text)
     except ValueError:
         return [text]
-    found = [parts.netloc.rpartition("@")[0] if "@" in parts.netloc else "", parts.password or "", parts.fragment,
-             parts.query, *(v for _, v in parse_qsl(parts.query, keep_blank_values=True))]
+    found = [
+        parts.netloc.rpartition("@")[0] if "@" in parts.netloc else "",
+        parts.password or "",
+        parts.fragment,
+        parts.query,
+        *(v for _, v in parse_qsl(parts.query, keep_blank_values=True)),
+    ]
     return sorted({s for s in found if len(s) >= 3}, key=len, reverse=True)
 
 
@@ -65,6 +74,10 @@ def warn_if_visible(flag: str, value: str | None, instead: str) -> bool:
     if flag in _warned or not secrets_of(value):
         return False
     _warned.add(flag)
-    print(f"warning: {flag} {url(value)} carries a secret, and a command line is visible to every user of this "
-          f"machine (ps): {instead}", file=sys.stderr, flush=True)
+    print(
+        f"warning: {flag} {url(value)} carries a secret, and a command line is visible to every user of this "
+        f"machine (ps): {instead}",
+        file=sys.stderr,
+        flush=True,
+    )
     return True

@@ -34,7 +34,7 @@ class PullFailed(Exception):
     nothing was put in place. Worth another try: exit 1."""
 
 
-SNAPSHOT_MAX_BYTES = 64 << 20   # files up to this size are pushed from a copy (a log may grow meanwhile)
+SNAPSHOT_MAX_BYTES = 64 << 20  # files up to this size are pushed from a copy (a log may grow meanwhile)
 _PULL_RE = re.compile(r"^\.(?P<name>.+)\.pull-(?P<pid>\d+)$")
 
 
@@ -43,7 +43,7 @@ def _files(local: Path, links: list[str] | None = None) -> list[str]:
     folder) is never followed: it could take a file from outside the folder into the bucket; each one is added
     to ``links``."""
     out = []
-    for root, dirs, names in os.walk(local):   # os.walk does not descend into symlinked folders
+    for root, dirs, names in os.walk(local):  # os.walk does not descend into symlinked folders
         for d in dirs:
             if links is not None and not d.startswith(".") and (Path(root) / d).is_symlink():
                 links.append((Path(root) / d).relative_to(local).as_posix())
@@ -75,11 +75,12 @@ def remote_manifest(store: Store) -> dict | None:
             int(meta["bytes"]), str(meta["sha256"])
         return manifest
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise X1Error(f"{store.url}/{MANIFEST} cannot be read ({type(e).__name__}: {e}): push the folder "
-                      "again") from None
+        raise X1Error(
+            f"{store.url}/{MANIFEST} cannot be read ({type(e).__name__}: {e}): push the folder again"
+        ) from None
 
 
-Entry = dict[str, object]   # a manifest's {"bytes", "sha256"} of one file
+Entry = dict[str, object]  # a manifest's {"bytes", "sha256"} of one file
 
 
 def _send(store: Store, local: Path, rel: str, snapshots: Path, remote_size: int | None) -> tuple[Entry, bool]:
@@ -93,13 +94,15 @@ def _send(store: Store, local: Path, rel: str, snapshots: Path, remote_size: int
         path, size = copy, copy.stat().st_size
     before = path.stat().st_mtime_ns
     meta: dict[str, object] = {"bytes": size, "sha256": sha256_file(path)}
-    there = store.head(rel) if remote_size == size else None   # only a same-size object can hold these bytes
+    there = store.head(rel) if remote_size == size else None  # only a same-size object can hold these bytes
     if there is not None and there[0] == size and there[1].get("sha256") == meta["sha256"]:
         return meta, False
     store.put_file(path, rel, metadata={"sha256": str(meta["sha256"])})
     if path.stat().st_mtime_ns != before or path.stat().st_size != size:
-        raise X1Error(f"{local / rel} changed while it was pushed (more than {SNAPSHOT_MAX_BYTES >> 20} MB: not "
-                      "snapshotted); push it once nothing writes to it")
+        raise X1Error(
+            f"{local / rel} changed while it was pushed (more than {SNAPSHOT_MAX_BYTES >> 20} MB: not "
+            "snapshotted); push it once nothing writes to it"
+        )
     return meta, True
 
 
@@ -113,14 +116,18 @@ def push(store: Store, local: Path, log: Log, if_absent: bool = False) -> tuple[
     links: list[str] = []
     rels = _files(local, links)
     if links:
-        log(f"warning: {local}: {len(links)} symlink(s) not pushed, never followed ({', '.join(links[:5])}): copy "
-            "the file itself into the folder if it belongs there")
+        log(
+            f"warning: {local}: {len(links)} symlink(s) not pushed, never followed ({', '.join(links[:5])}): copy "
+            "the file itself into the folder if it belongs there"
+        )
     if not rels:
         raise X1Error(f"{local}: the folder holds no files to push")
     remote = store.list_objects()
     if "latest" in remote or any(k.startswith("step_") for k in remote):
-        raise X1Error(f"{store.url} holds a checkpoint mirror (--ckpt-remote): push under a prefix of its own, "
-                      f"e.g. {store.url}/data/tokenized")
+        raise X1Error(
+            f"{store.url} holds a checkpoint mirror (--ckpt-remote): push under a prefix of its own, "
+            f"e.g. {store.url}/data/tokenized"
+        )
     try:
         before = remote_manifest(store)
     except X1Error:
@@ -128,7 +135,7 @@ def push(store: Store, local: Path, log: Log, if_absent: bool = False) -> tuple[
     if if_absent and before is not None:
         log(f"{store.url} already holds a complete copy (pushed {before.get('pushed_utc', '?')}): left as it is")
         return 0, 0
-    store.delete([MANIFEST])   # from here until the new manifest the remote copy is not complete
+    store.delete([MANIFEST])  # from here until the new manifest the remote copy is not complete
     files: dict[str, dict[str, object]] = {}
     sent = nbytes = 0
     snapshots = local / f".x1-push-{os.getpid()}"
@@ -137,7 +144,7 @@ def push(store: Store, local: Path, log: Log, if_absent: bool = False) -> tuple[
         for rel in rels:
             files[rel], was_sent = _send(store, local, rel, snapshots, remote.get(rel))
             if was_sent:
-                sent, nbytes = sent + 1, nbytes + int(files[rel]["bytes"])   # type: ignore[call-overload]
+                sent, nbytes = sent + 1, nbytes + int(files[rel]["bytes"])  # type: ignore[call-overload]
     finally:
         shutil.rmtree(snapshots, ignore_errors=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -146,8 +153,10 @@ def push(store: Store, local: Path, log: Log, if_absent: bool = False) -> tuple[
     stale = [k for k in (before or {"files": {}})["files"] if k not in files and k in remote]
     if stale:
         store.delete(stale)
-    log(f"{local} -> {store.url}: {len(files)} files, {sent} sent ({nbytes / 1e6:,.1f} MB), "
-        f"{len(files) - sent} already there" + (f", {len(stale)} old ones deleted" if stale else ""))
+    log(
+        f"{local} -> {store.url}: {len(files)} files, {sent} sent ({nbytes / 1e6:,.1f} MB), "
+        f"{len(files) - sent} already there" + (f", {len(stale)} old ones deleted" if stale else "")
+    )
     return sent, nbytes
 
 
@@ -199,24 +208,29 @@ def pull(store: Store, local: Path, log: Log) -> str:
     where = f"{store.url}/{MANIFEST} names"
     dests = {rel: inside(tmp, rel, where, "it was not written by x1; push the folder again") for rel in files}
     if local.exists() and (not local.is_dir() or any(local.iterdir())):
-        if local.is_dir() and listing(local) == {r: {"bytes": m["bytes"], "sha256": m["sha256"]}
-                                                 for r, m in files.items()}:
+        if local.is_dir() and listing(local) == {
+            r: {"bytes": m["bytes"], "sha256": m["sha256"]} for r, m in files.items()
+        }:
             return "present"
-        raise X1Error(f"{local}: not an empty folder, and it differs from {store.url} (pushed "
-                      f"{manifest.get('pushed_utc', '?')}); pull into an empty folder or move this one away")
+        raise X1Error(
+            f"{local}: not an empty folder, and it differs from {store.url} (pushed "
+            f"{manifest.get('pushed_utc', '?')}); pull into an empty folder or move this one away"
+        )
     local.parent.mkdir(parents=True, exist_ok=True)
     _clear_old_pulls(local.parent, local.name)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         for rel, meta in files.items():
-            dest = dests[rel]   # checked above, before anything was written
+            dest = dests[rel]  # checked above, before anything was written
             dest.parent.mkdir(parents=True, exist_ok=True)
             store.get_file(rel, dest)
             if dest.stat().st_size != int(meta["bytes"]) or sha256_file(dest) != meta["sha256"]:
-                raise PullFailed(f"{store.url}/{rel} does not match its manifest (size or sha256): push the folder "
-                                 "again from a machine that has it")
+                raise PullFailed(
+                    f"{store.url}/{rel} does not match its manifest (size or sha256): push the folder "
+                    "again from a machine that has it"
+                )
         if local.exists():
-            local.rmdir()    # still empty: anything written into it meanwhile makes this fail, and stays
+            local.rmdir()  # still empty: anything written into it meanwhile makes this fail, and stays
         os.replace(tmp, local)
     except StoreError as e:
         raise PullFailed(f"{store.url}: {e.kind}: {e.detail}") from None
@@ -228,8 +242,8 @@ def pull(store: Store, local: Path, log: Log) -> str:
 
 
 # -- whose prefix a push writes into: a run never overwrites what another run wrote (training/run_owner.py) --
-RUN_FILE = "x1-run.json"     # a run's id: in its checkpoint dir, and at the root of the --ckpt-remote prefix it owns
-RUN_ID_ENV = "X1_RUN_ID"     # an explicit run id: a fresh run takes it, a resume proves with it which run it is
+RUN_FILE = "x1-run.json"  # a run's id: in its checkpoint dir, and at the root of the --ckpt-remote prefix it owns
+RUN_ID_ENV = "X1_RUN_ID"  # an explicit run id: a fresh run takes it, a resume proves with it which run it is
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
@@ -257,8 +271,10 @@ def given_run_id() -> str | None:
     if not value:
         return None
     if not _RUN_ID_RE.match(value):
-        raise X1Error(f"{RUN_ID_ENV}={value[:120]!r} is not a run id: 1-200 letters, digits, '.', '_' or '-', "
-                      "starting with a letter or digit (e.g. the owner's id that an x1-run.json names)")
+        raise X1Error(
+            f"{RUN_ID_ENV}={value[:120]!r} is not a run id: 1-200 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (e.g. the owner's id that an x1-run.json names)"
+        )
     return value
 
 
@@ -283,6 +299,8 @@ def check_owner(store: Store, run_id: str | None, how: str) -> None:
         return
     prefix, owner = found
     mine = f"this run is {run_id}" if run_id else f"this push has no run id ({how})"
-    raise X1Error(f"{store.url} is inside {prefix}, which belongs to run {owner} (its {RUN_FILE}); {mine}: a run "
-                  f"never deletes or overwrites another run's files, so nothing was written. Fix: push under a "
-                  f"prefix of your own, or, if this is run {owner}, say so ({how})")
+    raise X1Error(
+        f"{store.url} is inside {prefix}, which belongs to run {owner} (its {RUN_FILE}); {mine}: a run "
+        f"never deletes or overwrites another run's files, so nothing was written. Fix: push under a "
+        f"prefix of your own, or, if this is run {owner}, say so ({how})"
+    )

@@ -22,8 +22,9 @@ MERGES_HEADER = "#version: 0.2"
 @lru_cache(maxsize=1)
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> character map (printable bytes stay themselves, others shift past 255)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     out = {b: chr(b) for b in keep}
     n = 0
     for b in range(256):
@@ -51,7 +52,7 @@ def _merge_pair(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
         if best is None:
             break
         i = best[1]
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
     if len(parts) != 2:
         raise ValueError(f"token {token!r} (rank {limit}) is not the merge of two lower-ranked tokens")
     return parts[0], parts[1]

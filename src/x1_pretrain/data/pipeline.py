@@ -27,9 +27,11 @@ from .tokens import file_key
 
 FORMAT_VERSION = 1
 TRAIN_BIN, VAL_BIN, COUNTS, META = "train.bin", "val.bin", "unigram_counts.npy", "meta.json"
-SPLIT_RULE = ("document goes to val iff int.from_bytes(blake2b(f'{relpath}:{doc_index}', digest_size=8), "
-              "'little') < val_fraction * 2**64; relpath is relative to --input-dir, doc_index counts "
-              "every document of the file from 0 (empty ones included)")
+SPLIT_RULE = (
+    "document goes to val iff int.from_bytes(blake2b(f'{relpath}:{doc_index}', digest_size=8), "
+    "'little') < val_fraction * 2**64; relpath is relative to --input-dir, doc_index counts "
+    "every document of the file from 0 (empty ones included)"
+)
 CHUNK_CHARS = 1 << 21  # ~2 MB of text per task: big enough to amortise IPC, small enough to bound memory
 
 
@@ -147,8 +149,15 @@ class _Reporter:
         if getattr(self.stream, "isatty", lambda: False)():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.total, unit="B", unit_scale=True, file=self.stream, desc="[tokenize]",
-                            mininterval=0.5, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=self.total,
+                unit="B",
+                unit_scale=True,
+                file=self.stream,
+                desc="[tokenize]",
+                mininterval=0.5,
+                dynamic_ncols=True,
+            )
 
     def update(self, done_bytes: float, docs: int, tokens: int, force: bool = False) -> None:
         now = time.monotonic()
@@ -165,8 +174,11 @@ class _Reporter:
         frac = min(done_bytes / self.total, 1.0)
         eta = (now - self.t0) * (1 - frac) / frac if frac > 0 else float("nan")
         eta_s = f"{eta / 60:5.1f} min" if eta == eta else "   ?   "
-        print(f"[tokenize] {frac * 100:5.1f}% | {docs:,} docs | {tokens:,} tokens | {rate:6.2f} M tok/s | "
-              f"ETA {eta_s}", file=self.stream, flush=True)
+        print(
+            f"[tokenize] {frac * 100:5.1f}% | {docs:,} docs | {tokens:,} tokens | {rate:6.2f} M tok/s | ETA {eta_s}",
+            file=self.stream,
+            flush=True,
+        )
 
 
 def _fsync_close(f: BinaryIO) -> None:
@@ -214,8 +226,9 @@ class FileEnd:
     error: BadShard | None = None
 
 
-def _chunks(sources: list[Path], input_dir: Path, text_column: str, progress: Progress,
-            on_file_start: Callable[[int], None]) -> Iterator[Chunk | FileEnd]:
+def _chunks(
+    sources: list[Path], input_dir: Path, text_column: str, progress: Progress, on_file_start: Callable[[int], None]
+) -> Iterator[Chunk | FileEnd]:
     seq = 0
     for fi, path in enumerate(sources):
         on_file_start(fi)
@@ -252,7 +265,7 @@ class _Output:
         self.f_train = open(self.tmp[TRAIN_BIN], "wb")  # noqa: SIM115 (closed by finish/discard)
         self.f_val = open(self.tmp[VAL_BIN], "wb")  # noqa: SIM115
         self.counts = np.zeros(GPT2_VOCAB_SIZE, np.int64)
-        self.pending: dict[int, np.ndarray] = {}   # unigram counts of files still being read
+        self.pending: dict[int, np.ndarray] = {}  # unigram counts of files still being read
         self.good: set[int] = set()
         self.start: dict[int, tuple[int, int]] = {}
         self.skipped: list[dict[str, str]] = []
@@ -284,8 +297,11 @@ class _Output:
             self.pending.setdefault(res.file_index, np.zeros(GPT2_VOCAB_SIZE, np.int64))
             self.pending[res.file_index] += res.counts
         done = self.bytes_before + self.progress.fraction * self.files[self.cur_file].bytes
-        self.reporter.update(done, sum(f.train_docs + f.val_docs for f in self.files),
-                             sum(f.train_tokens + f.val_tokens for f in self.files))
+        self.reporter.update(
+            done,
+            sum(f.train_docs + f.val_docs for f in self.files),
+            sum(f.train_tokens + f.val_tokens for f in self.files),
+        )
 
     def file_ended(self, fi: int, documents: int) -> None:
         self.files[fi].documents = documents
@@ -321,8 +337,10 @@ class _Output:
         _fsync_close(self.f_train)
         _fsync_close(self.f_val)
         # the ids were all seen on the way in: the trainer's full scan is recorded as done for these exact files
-        meta["validated"] = {split: {**file_key(self.tmp[name]), "max_id": self.max_id[split]}
-                             for split, name in (("train", TRAIN_BIN), ("val", VAL_BIN))}
+        meta["validated"] = {
+            split: {**file_key(self.tmp[name]), "max_id": self.max_id[split]}
+            for split, name in (("train", TRAIN_BIN), ("val", VAL_BIN))
+        }
         with open(self.tmp[COUNTS], "wb") as f:
             np.save(f, self.counts)
             f.flush()
@@ -338,12 +356,16 @@ class _Output:
         fsync_dir(self.out)
 
 
-def _encode_all(job: TokenizeJob, tok: Tokenizer, sources: list[Path], output: _Output, log: Callable[[str], None]
-                ) -> None:
+def _encode_all(
+    job: TokenizeJob, tok: Tokenizer, sources: list[Path], output: _Output, log: Callable[[str], None]
+) -> None:
     """Stream every shard through the encoder (a process pool when workers > 1), in order, into ``output``."""
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    pool = ctx.Pool(job.workers, _worker_init, (tok.source if tok.file_sha256 else None, job.val_fraction)) \
-        if job.workers > 1 else None
+    pool = (
+        ctx.Pool(job.workers, _worker_init, (tok.source if tok.file_sha256 else None, job.val_fraction))
+        if job.workers > 1
+        else None
+    )
     inflight: deque[Any] = deque()
 
     def drain(keep: int = 0) -> None:
@@ -388,35 +410,48 @@ def run(job: TokenizeJob, log: Callable[[str], None]) -> dict[str, Any]:
     fp = fingerprint(sources, input_dir, job, tok)
     state = _existing_state(out, fp)
     if state == "complete-same" and not job.overwrite:
-        log(f"{out} already holds a complete tokenization of these inputs with these settings; "
-            "nothing to do (--overwrite to redo it)")
+        log(
+            f"{out} already holds a complete tokenization of these inputs with these settings; "
+            "nothing to do (--overwrite to redo it)"
+        )
         return json.loads((out / META).read_text())
     if state == "complete-other" and not job.overwrite:
-        raise DataError(f"{out} already holds a tokenization of other inputs or settings ({META} differs); "
-                        "pass --overwrite to replace it, or choose another --output-dir")
+        raise DataError(
+            f"{out} already holds a tokenization of other inputs or settings ({META} differs); "
+            "pass --overwrite to replace it, or choose another --output-dir"
+        )
     files = [FileStats(p.relative_to(input_dir).as_posix(), p.stat().st_size) for p in sources]
     output = _Output(out, files, _Reporter(sum(f.bytes for f in files), every_s=job.log_every_s), Progress())
     try:
         _encode_all(job, tok, sources, output, log)
         good = output.good_files()
         if not any(fs.documents for fs in good):
-            raise DataError(f"no documents could be read from {input_dir}"
-                            + (f" ({len(output.skipped)} bad files skipped)" if output.skipped else ""))
+            raise DataError(
+                f"no documents could be read from {input_dir}"
+                + (f" ({len(output.skipped)} bad files skipped)" if output.skipped else "")
+            )
     except BaseException:
         output.discard()
         raise
-    totals = {k: sum(getattr(fs, k) for fs in good)
-              for k in ("train_docs", "val_docs", "empty_docs", "train_tokens", "val_tokens")}
-    output.reporter.update(output.reporter.total, totals["train_docs"] + totals["val_docs"],
-                           totals["train_tokens"] + totals["val_tokens"], force=True)
+    totals = {
+        k: sum(getattr(fs, k) for fs in good)
+        for k in ("train_docs", "val_docs", "empty_docs", "train_tokens", "val_tokens")
+    }
+    output.reporter.update(
+        output.reporter.total,
+        totals["train_docs"] + totals["val_docs"],
+        totals["train_tokens"] + totals["val_tokens"],
+        force=True,
+    )
     meta = _meta(job, tok, output, totals, fp)
     meta["elapsed_s"] = round(time.monotonic() - t_start, 3)
     output.finish(meta)
     return meta
 
 
-def _meta(job: TokenizeJob, tok: Tokenizer, output: _Output, totals: dict[str, int], fp: dict[str, Any]
-          ) -> dict[str, Any]:
+def _meta(
+    job: TokenizeJob, tok: Tokenizer, output: _Output, totals: dict[str, int], fp: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "format": "nanoGPT flat little-endian uint16, no header; each document followed by one EOT",
         "tokenizer": tok.name,
@@ -426,10 +461,18 @@ def _meta(job: TokenizeJob, tok: Tokenizer, output: _Output, totals: dict[str, i
         "eot_id": tok.eot_id,
         "dtype": "uint16",
         "splits": {
-            "train": {"file": TRAIN_BIN, "tokens": totals["train_tokens"], "documents": totals["train_docs"],
-                      "max_id": output.max_id["train"]},
-            "val": {"file": VAL_BIN, "tokens": totals["val_tokens"], "documents": totals["val_docs"],
-                    "max_id": output.max_id["val"]},
+            "train": {
+                "file": TRAIN_BIN,
+                "tokens": totals["train_tokens"],
+                "documents": totals["train_docs"],
+                "max_id": output.max_id["train"],
+            },
+            "val": {
+                "file": VAL_BIN,
+                "tokens": totals["val_tokens"],
+                "documents": totals["val_docs"],
+                "max_id": output.max_id["val"],
+            },
         },
         "empty_documents_skipped": totals["empty_docs"],
         "unigram_counts": {"file": COUNTS, "split": "train", "dtype": "int64", "length": tok.vocab_size},

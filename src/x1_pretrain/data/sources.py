@@ -46,7 +46,8 @@ def discover(input_dir: Path) -> list[Path]:
     if not input_dir.is_dir():
         raise DataError(f"--input-dir {input_dir} is not a directory")
     found = [
-        p for p in input_dir.rglob("*")
+        p
+        for p in input_dir.rglob("*")
         if p.is_file() and shard_kind(p) and not any(part.startswith(".") for part in p.relative_to(input_dir).parts)
     ]
     found.sort(key=lambda p: p.relative_to(input_dir).as_posix())
@@ -105,8 +106,12 @@ class _ZstdLines:
                 else:
                     block = b""
         if in_frame:
-            raise BadShard(self._path, "", "truncated zstd stream (the file ends inside a frame)",
-                           "re-download the shard; it was cut short")
+            raise BadShard(
+                self._path,
+                "",
+                "truncated zstd stream (the file ends inside a frame)",
+                "re-download the shard; it was cut short",
+            )
 
 
 def _lines(blocks: Iterator[bytes]) -> Iterator[bytes]:
@@ -139,8 +144,12 @@ def _jsonl_docs(path: Path, kind: str, text_key: str, progress: Progress) -> Ite
             except json.JSONDecodeError as e:
                 raise BadShard(path, where, f"not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(obj, dict) or text_key not in obj:
-                raise BadShard(path, where, f"JSON line has no {text_key!r} key",
-                               f"each line must be an object with a {text_key!r} string (--text-column)")
+                raise BadShard(
+                    path,
+                    where,
+                    f"JSON line has no {text_key!r} key",
+                    f"each line must be an object with a {text_key!r} string (--text-column)",
+                )
             value = obj[text_key]
             if not isinstance(value, str):
                 raise BadShard(path, where, f"{text_key!r} is {type(value).__name__}, expected a string")
@@ -166,8 +175,9 @@ def _parquet_docs(path: Path, column: str, progress: Progress) -> Iterator[str]:
         raise BadShard(path, "", f"not a readable parquet file ({e})") from None
     names = pf.schema_arrow.names
     if column not in names:
-        raise BadShard(path, "", f"no column {column!r} (columns: {', '.join(names)})",
-                       "name the text column with --text-column")
+        raise BadShard(
+            path, "", f"no column {column!r} (columns: {', '.join(names)})", "name the text column with --text-column"
+        )
     row = 0
     n_groups = max(pf.num_row_groups, 1)
     for g in range(pf.num_row_groups):
@@ -176,8 +186,12 @@ def _parquet_docs(path: Path, column: str, progress: Progress) -> Iterator[str]:
         except (pa.ArrowException, OSError) as e:
             raise BadShard(path, f" row group {g}", f"cannot be read ({e})") from None
         col = table.column(0)
-        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
-                or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+        if not (
+            pa.types.is_string(col.type)
+            or pa.types.is_large_string(col.type)
+            or pa.types.is_binary(col.type)
+            or pa.types.is_large_binary(col.type)
+        ):
             raise BadShard(path, "", f"column {column!r} has type {col.type}, expected strings")
         # Decode ourselves from bytes, so invalid UTF-8 is reported with its row number.
         as_bytes = col.cast(pa.large_binary())

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import tiktoken
 
 GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
-GPT2_TIKTOKEN_BYTES = 835_554   # its size: a member of another size is refused before it is read
+GPT2_TIKTOKEN_BYTES = 835_554  # its size: a member of another size is refused before it is read
 GPT2_VOCAB_SIZE = 50257
 EOT_ID = 50256
 EOT_TEXT = "<|endoftext|>"
@@ -133,11 +133,14 @@ def _read_member(archive: Path) -> bytes:
             raise TokenizerNotFound(f"{archive.name} has no {WHISPER_MEMBER}\n{HOW_TO_PROVIDE}")
         if not member.isreg():
             kind = "a symlink" if member.issym() else "a hard link" if member.islnk() else "not a regular file"
-            raise TokenizerNotFound(f"{archive.name}: {member.name} is {kind}, not the file x1 expects; nothing was "
-                                    f"read\n{HOW_TO_PROVIDE}")
+            raise TokenizerNotFound(
+                f"{archive.name}: {member.name} is {kind}, not the file x1 expects; nothing was read\n{HOW_TO_PROVIDE}"
+            )
         if member.size != GPT2_TIKTOKEN_BYTES:
-            raise TokenizerNotFound(f"{archive.name}: {member.name} is {member.size:,} bytes, expected "
-                                    f"{GPT2_TIKTOKEN_BYTES:,}; nothing was read\n{HOW_TO_PROVIDE}")
+            raise TokenizerNotFound(
+                f"{archive.name}: {member.name} is {member.size:,} bytes, expected "
+                f"{GPT2_TIKTOKEN_BYTES:,}; nothing was read\n{HOW_TO_PROVIDE}"
+            )
         fobj = tar.extractfile(member)
         data = fobj.read(GPT2_TIKTOKEN_BYTES + 1) if fobj is not None else b""
     return data

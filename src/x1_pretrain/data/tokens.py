@@ -28,7 +28,7 @@ from ..core.fileio import write_text_atomic
 
 _SAMPLE_SLICES = 64
 _SAMPLE_LEN = 16384
-_SCAN_CHUNK = 1 << 25   # tokens per chunk of the full id scan (64 MB)
+_SCAN_CHUNK = 1 << 25  # tokens per chunk of the full id scan (64 MB)
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,11 @@ class TokenData:
         made: re-tokenizing the same inputs the same way gives the same identity."""
         m = self.meta
         keep = {
-            "vocab_size": m.get("vocab_size"), "eot_id": m.get("eot_id"), "splits": m.get("splits"),
-            "tokenizer_sha256": m.get("tokenizer_sha256"), "val_fraction": m.get("val_fraction"),
+            "vocab_size": m.get("vocab_size"),
+            "eot_id": m.get("eot_id"),
+            "splits": m.get("splits"),
+            "tokenizer_sha256": m.get("tokenizer_sha256"),
+            "val_fraction": m.get("val_fraction"),
             "text_column": m.get("text_column"),
             "sources": [[s.get("path"), s.get("bytes")] for s in m.get("sources", [])],
         }
@@ -65,13 +68,15 @@ def scan_max_id(tokens: np.ndarray, path: Path, vocab_size: int) -> int:
     An id >= ``vocab_size`` raises a DataError naming the file, the token offset, the id and the vocab."""
     top = -1
     for start in range(0, tokens.size, _SCAN_CHUNK):
-        part = np.asarray(tokens[start:start + _SCAN_CHUNK])
+        part = np.asarray(tokens[start : start + _SCAN_CHUNK])
         m = int(part.max())
         if m >= vocab_size:
             off = start + int(np.argmax(part >= vocab_size))
-            raise DataError(f"{path}: token id {int(tokens[off])} at token offset {off:,} (byte {2 * off:,}) is out "
-                            f"of range for model.vocab_size {vocab_size}; the file was made with another tokenizer "
-                            "or is damaged (re-tokenize it), or model.vocab_size is wrong")
+            raise DataError(
+                f"{path}: token id {int(tokens[off])} at token offset {off:,} (byte {2 * off:,}) is out "
+                f"of range for model.vocab_size {vocab_size}; the file was made with another tokenizer "
+                "or is damaged (re-tokenize it), or model.vocab_size is wrong"
+            )
         top = max(top, m)
     return top
 
@@ -81,8 +86,12 @@ def _validate_ids(tokens: np.ndarray, path: Path, split: str, vocab_size: int, m
     file is scanned. Returns True when meta.json gained a new record to save."""
     key = file_key(path)
     known = (meta.get("validated") or {}).get(split)
-    if isinstance(known, dict) and all(known.get(k) == v for k, v in key.items()) and \
-            isinstance(known.get("max_id"), int) and known["max_id"] < vocab_size:
+    if (
+        isinstance(known, dict)
+        and all(known.get(k) == v for k, v in key.items())
+        and isinstance(known.get("max_id"), int)
+        and known["max_id"] < vocab_size
+    ):
         return False
     top = scan_max_id(tokens, path, vocab_size)
     meta.setdefault("validated", {})[split] = {**key, "max_id": top}
@@ -94,10 +103,12 @@ def _check_sample(tokens: np.ndarray, path: Path, eot_id: int | None) -> None:
     if n == 0:
         return
     starts = np.linspace(0, max(n - _SAMPLE_LEN, 0), _SAMPLE_SLICES).astype(np.int64)
-    sample = np.concatenate([np.asarray(tokens[s:s + _SAMPLE_LEN]) for s in np.unique(starts)])
+    sample = np.concatenate([np.asarray(tokens[s : s + _SAMPLE_LEN]) for s in np.unique(starts)])
     if eot_id is not None and not (sample == eot_id).any():
-        raise DataError(f"{path}: no end-of-text token {eot_id} in a sample of {sample.size:,} tokens; "
-                        "this does not look like a tokenize_data output (documents end with EOT)")
+        raise DataError(
+            f"{path}: no end-of-text token {eot_id} in a sample of {sample.size:,} tokens; "
+            "this does not look like a tokenize_data output (documents end with EOT)"
+        )
 
 
 def open_token_data(data_dir: str | Path, vocab_size: int, seq_len: int) -> TokenData:
@@ -117,8 +128,10 @@ def open_token_data(data_dir: str | Path, vocab_size: int, seq_len: int) -> Toke
         raise DataError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}; {hint}")
     meta_vocab = meta.get("vocab_size")
     if meta_vocab != vocab_size:
-        raise DataError(f"{meta_path}: vocab_size {meta_vocab} does not match model.vocab_size {vocab_size}; "
-                        "tokenize with the model's tokenizer or set model.vocab_size to match")
+        raise DataError(
+            f"{meta_path}: vocab_size {meta_vocab} does not match model.vocab_size {vocab_size}; "
+            "tokenize with the model's tokenizer or set model.vocab_size to match"
+        )
     if meta.get("dtype", "uint16") != "uint16":
         raise DataError(f"{meta_path}: dtype {meta.get('dtype')!r}; only uint16 token files are supported")
     eot = meta.get("eot_id")
@@ -133,13 +146,21 @@ def open_token_data(data_dir: str | Path, vocab_size: int, seq_len: int) -> Toke
             raise DataError(f"{path}: {size} bytes is odd; a uint16 token file has an even size (truncated copy?)")
         want = meta.get("splits", {}).get(split, {}).get("tokens")
         if want is not None and want * 2 != size:
-            raise DataError(f"{path}: {size // 2:,} tokens but meta.json says {want:,}; the files do not belong "
-                            f"together (re-copy the directory or re-tokenize)")
+            raise DataError(
+                f"{path}: {size // 2:,} tokens but meta.json says {want:,}; the files do not belong "
+                f"together (re-copy the directory or re-tokenize)"
+            )
         tokens = np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
         if tokens.size < seq_len + 1:
-            raise DataError(f"{path}: {tokens.size:,} tokens is fewer than one window of model.seq_len + 1 = "
-                            f"{seq_len + 1}" + ("; re-tokenize with a larger --val-fraction" if split == "val" else
-                                                 "; use more data or a shorter model.seq_len"))
+            raise DataError(
+                f"{path}: {tokens.size:,} tokens is fewer than one window of model.seq_len + 1 = "
+                f"{seq_len + 1}"
+                + (
+                    "; re-tokenize with a larger --val-fraction"
+                    if split == "val"
+                    else "; use more data or a shorter model.seq_len"
+                )
+            )
         _check_sample(tokens, path, eot if isinstance(eot, int) else None)
         changed = _validate_ids(tokens, path, split, vocab_size, meta) or changed
         splits[split] = tokens
@@ -184,7 +205,7 @@ class Sampler:
 def gather(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets (B, T) as contiguous int64 tensors (views of one (B, T+1) array would make the
     pinned copy and the host-to-device transfer of each a strided, synchronous one)."""
-    rows = np.stack([np.asarray(tokens[s:s + seq_len + 1]) for s in starts]).astype(np.int64)
+    rows = np.stack([np.asarray(tokens[s : s + seq_len + 1]) for s in starts]).astype(np.int64)
     t = torch.from_numpy(rows)
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
@@ -209,8 +230,9 @@ class Prefetcher:
     Batches come out in order; on CUDA they are pinned so the copy to the GPU is asynchronous.
     """
 
-    def __init__(self, tokens: np.ndarray, sampler: Sampler, chunks: list[int], start: int, end: int,
-                 depth: int, pin: bool) -> None:
+    def __init__(
+        self, tokens: np.ndarray, sampler: Sampler, chunks: list[int], start: int, end: int, depth: int, pin: bool
+    ) -> None:
         self._tokens, self._sampler, self._chunks = tokens, sampler, chunks
         self._start, self._end, self._pin = start, end, pin
         self._q: queue.Queue[Batch | BaseException | None] = queue.Queue(maxsize=max(depth, 1))

@@ -25,8 +25,9 @@ REPO_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "x1-tiny-cpu.yam
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m x1_pretrain.demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m x1_pretrain.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, default=Path("demo-run"))
     ap.add_argument("--config", type=Path, default=REPO_CONFIG)
     ap.add_argument("--total-steps", type=int, default=300)
@@ -38,8 +39,23 @@ def main(argv: list[str] | None = None) -> int:
     shard = write_demo_corpus(out / "raw")
     print(f"[demo] demo corpus: {shard}")
     data = out / "data"
-    code = run([sys.executable, "-m", "x1_pretrain.tokenize_data", "--input-dir", str(out / "raw"), "--output-dir",
-                str(data), "--tokenizer", "gpt2", "--val-fraction", "0.1", "--workers", "2"])
+    code = run(
+        [
+            sys.executable,
+            "-m",
+            "x1_pretrain.tokenize_data",
+            "--input-dir",
+            str(out / "raw"),
+            "--output-dir",
+            str(data),
+            "--tokenizer",
+            "gpt2",
+            "--val-fraction",
+            "0.1",
+            "--workers",
+            "2",
+        ]
+    )
     acts = {a.strip() for a in args.acts.split(",")}
     if code == 0 and "1" in acts:
         code = act_preemption_and_spike(args.config, data, out, args.total_steps)

@@ -20,15 +20,23 @@ from ..training.checkpoint import read_progress
 
 
 class StepBilling:
-    WINDOW = 5   # steps the speed is measured over
+    WINDOW = 5  # steps the speed is measured over
 
-    def __init__(self, budget: Path, ckpt: Path, per_step: Callable[[int], float], spent: float = 0.0,
-                 step: int = 0, step_s: float = 0.2, free_start_up: bool = False) -> None:
+    def __init__(
+        self,
+        budget: Path,
+        ckpt: Path,
+        per_step: Callable[[int], float],
+        spent: float = 0.0,
+        step: int = 0,
+        step_s: float = 0.2,
+        free_start_up: bool = False,
+    ) -> None:
         self.budget, self.ckpt, self.per_step = budget, ckpt, per_step
-        self._billing = not free_start_up      # False until the first step lands
+        self._billing = not free_start_up  # False until the first step lands
         self.spent, self.step = spent, step
-        self._marks: deque[tuple[float, int]] = deque(maxlen=self.WINDOW + 1)   # (time, step) of recent steps
-        self.step_s = step_s                   # the speed assumed until it is measured
+        self._marks: deque[tuple[float, int]] = deque(maxlen=self.WINDOW + 1)  # (time, step) of recent steps
+        self.step_s = step_s  # the speed assumed until it is measured
         self._stop = threading.Event()
         self._write()
         self._thread = threading.Thread(target=self._run, name="x1-demo-billing", daemon=True)
@@ -37,12 +45,22 @@ class StepBilling:
     def _write(self) -> None:
         rate = self.per_step(self.step) * 3600 / self.step_s
         tmp = self.budget.with_suffix(".tmp")
-        tmp.write_text(json.dumps({
-            "spent_usd": round(self.spent, 6), "rate_usd_per_hr": rate, "hours_elapsed": 0.0,
-            "projected_total_usd": round(self.spent, 6), "fixed_usd": {"disk_usd": 0.0, "egress_usd": 0.0},
-            # milliseconds: at a simulated $2 a second, a reading aged by whole seconds would be dollars off
-            "last_update_utc": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            "provider": "simulated (dollars per step)"}))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "spent_usd": round(self.spent, 6),
+                    "rate_usd_per_hr": rate,
+                    "hours_elapsed": 0.0,
+                    "projected_total_usd": round(self.spent, 6),
+                    "fixed_usd": {"disk_usd": 0.0, "egress_usd": 0.0},
+                    # milliseconds: at a simulated $2 a second, a reading aged by whole seconds would be dollars off
+                    "last_update_utc": datetime.now(timezone.utc)
+                    .isoformat(timespec="milliseconds")
+                    .replace("+00:00", "Z"),
+                    "provider": "simulated (dollars per step)",
+                }
+            )
+        )
         tmp.replace(self.budget)
 
     def _run(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .sets import SETS, check_tasks
 
-EVAL_EFFICIENCY = 0.5   # the evaluation's tokens/s over a third of training's: an assumption until measured
+EVAL_EFFICIENCY = 0.5  # the evaluation's tokens/s over a third of training's: an assumption until measured
 
 
 def eval_tokens(names: list[str], limit: int | None) -> float:

@@ -10,8 +10,9 @@ from . import sets, tasks
 from .score import Scorer, TaskScore, score
 
 
-def load_items(names: list[str], limit: int | None, data_dir: Path | None = None,
-               fetch: bool = True) -> tuple[dict[str, list[tasks.Item]], dict[str, str]]:
+def load_items(
+    names: list[str], limit: int | None, data_dir: Path | None = None, fetch: bool = True
+) -> tuple[dict[str, list[tasks.Item]], dict[str, str]]:
     """({task: its first ``limit`` items}, {task: the sha256 of its file})."""
     out, hashes = {}, {}
     for name in sets.check_tasks(names):
@@ -21,8 +22,15 @@ def load_items(names: list[str], limit: int | None, data_dir: Path | None = None
     return out, hashes
 
 
-def evaluate_model(model: Any, encode: Callable[[str], list[int]], names: list[str], limit: int | None,
-                   batch_size: int, bf16: bool, data_dir: Path | None = None) -> tuple[list[TaskScore], dict[str, str]]:
+def evaluate_model(
+    model: Any,
+    encode: Callable[[str], list[int]],
+    names: list[str],
+    limit: int | None,
+    batch_size: int,
+    bf16: bool,
+    data_dir: Path | None = None,
+) -> tuple[list[TaskScore], dict[str, str]]:
     items, hashes = load_items(names, limit, data_dir)
     scorer = Scorer(model, encode, batch_size, bf16)
     return [score(name, its, scorer) for name, its in items.items()], hashes

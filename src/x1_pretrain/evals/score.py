@@ -24,17 +24,24 @@ from .tasks import HAS_ACC_NORM, Item
 @dataclass(frozen=True)
 class TaskScore:
     task: str
-    n: int                    # items scored
+    n: int  # items scored
     acc: float
-    acc_norm: float | None    # None where the harness reports none (WinoGrande)
-    chance: float             # the mean of 1 / choices: what guessing scores
-    truncated: int            # requests whose context was cut from the left to fit model.seq_len
+    acc_norm: float | None  # None where the harness reports none (WinoGrande)
+    chance: float  # the mean of 1 / choices: what guessing scores
+    truncated: int  # requests whose context was cut from the left to fit model.seq_len
     seconds: float
-    skipped: int = 0          # items left out: a continuation alone longer than model.seq_len (the harness refuses)
+    skipped: int = 0  # items left out: a continuation alone longer than model.seq_len (the harness refuses)
 
     def to_json(self) -> dict[str, Any]:
-        return {"acc": self.acc, "acc_norm": self.acc_norm, "n": self.n, "chance": self.chance,
-                "truncated": self.truncated, "skipped": self.skipped, "seconds": round(self.seconds, 3)}
+        return {
+            "acc": self.acc,
+            "acc_norm": self.acc_norm,
+            "n": self.n,
+            "chance": self.chance,
+            "truncated": self.truncated,
+            "skipped": self.skipped,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def encode_pair(encode: Callable[[str], list[int]], context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -44,7 +51,7 @@ def encode_pair(encode: Callable[[str], list[int]], context: str, continuation: 
         context, continuation = context[:-spaces], context[-spaces:] + continuation
     whole = encode(context + continuation)
     ctx = encode(context)
-    return ctx, whole[len(ctx):]
+    return ctx, whole[len(ctx) :]
 
 
 @dataclass
@@ -55,15 +62,15 @@ class _Row:
     positions the context ends at (``positions``); a plain row is one causal sequence (both None)."""
 
     tokens: list[int]
-    scored: list[tuple[int, list[int], list[int]]]   # (request index, positions in the row, target tokens)
+    scored: list[tuple[int, list[int], list[int]]]  # (request index, positions in the row, target tokens)
     positions: list[int] | None = None
     segments: list[int] | None = None
 
 
 def _plain_row(i: int, whole: list[int], n_cont: int) -> _Row:
     inp = whole[:-1]
-    first = len(inp) - n_cont           # the position whose logits predict the first continuation token
-    return _Row(inp, [(i, list(range(first, len(inp))), whole[first + 1:])])
+    first = len(inp) - n_cont  # the position whose logits predict the first continuation token
+    return _Row(inp, [(i, list(range(first, len(inp))), whole[first + 1 :])])
 
 
 def _packed_row(ctx: list[int], conts: list[tuple[int, list[int]]]) -> _Row:
@@ -89,14 +96,21 @@ class Scorer:
     rows up to float rounding. Off, or for a model without ``hidden(idx, positions, mask)``, one row per
     request."""
 
-    def __init__(self, model: Any, encode: Callable[[str], list[int]], batch_size: int = 32,
-                 bf16: bool = False, check: Callable[[], None] | None = None, share_context: bool = True) -> None:
+    def __init__(
+        self,
+        model: Any,
+        encode: Callable[[str], list[int]],
+        batch_size: int = 32,
+        bf16: bool = False,
+        check: Callable[[], None] | None = None,
+        share_context: bool = True,
+    ) -> None:
         self.model, self.encode, self.batch_size, self.bf16 = model, encode, max(1, batch_size), bf16
-        self.check = check    # called before each batch; may raise to end the scoring (a deadline, a stop)
+        self.check = check  # called before each batch; may raise to end the scoring (a deadline, a stop)
         self.seq_len = int(model.config.seq_len)
         self.vocab = int(model.config.vocab_size)
         self.share_context = share_context and "positions" in inspect.signature(model.hidden).parameters
-        self.skipped: set[int] = set()   # of the last logliks call: requests whose continuation exceeds seq_len
+        self.skipped: set[int] = set()  # of the last logliks call: requests whose continuation exceeds seq_len
 
     def _rows(self, requests: Sequence[tuple[str, str]]) -> tuple[list[_Row], int]:
         self.skipped = set()
@@ -110,18 +124,23 @@ class Scorer:
             # every member's context tokens are the same (one context string); their continuations may differ
             ctx = pairs[0][1]
             packed = len(ctx) + sum(len(cont) - 1 for _, _, cont in pairs)
-            if self.share_context and len(pairs) > 1 and ctx and packed <= self.seq_len \
-                    and all(cont for _, _, cont in pairs):
+            if (
+                self.share_context
+                and len(pairs) > 1
+                and ctx
+                and packed <= self.seq_len
+                and all(cont for _, _, cont in pairs)
+            ):
                 rows.append(_packed_row(ctx, [(i, cont) for i, _, cont in pairs]))
                 continue
             for i, c, cont in pairs:
                 if len(cont) > self.seq_len:
-                    self.skipped.add(i)   # no prediction of its first tokens is possible: NaN, the item skipped
+                    self.skipped.add(i)  # no prediction of its first tokens is possible: NaN, the item skipped
                     continue
                 whole = c + cont
                 if len(whole) > self.seq_len + 1:
                     truncated += 1
-                    whole = whole[-(self.seq_len + 1):]
+                    whole = whole[-(self.seq_len + 1) :]
                 rows.append(_plain_row(i, whole, min(len(cont), len(whole) - 1)))
         return rows, truncated
 
@@ -135,7 +154,7 @@ class Scorer:
         for start in range(0, len(rows), self.batch_size):
             if self.check is not None:
                 self.check()
-            for i, value in self._batch(rows[start:start + self.batch_size]):
+            for i, value in self._batch(rows[start : start + self.batch_size]):
                 out[i] = value
         return out, truncated
 
@@ -150,19 +169,20 @@ class Scorer:
         owner: list[int] = []
         requests: list[int] = []
         for r, row in enumerate(rows):
-            x[r, :len(row.tokens)] = torch.tensor(row.tokens)
+            x[r, : len(row.tokens)] = torch.tensor(row.tokens)
             for i, at, cont in row.scored:
                 picks.extend(r * width + p for p in at)
                 targets.extend(cont)
                 owner.extend([len(requests)] * len(cont))
                 requests.append(i)
         extra = _packing(rows, width, device) if any(r.positions is not None for r in rows) else {}
-        autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16) if self.bf16 \
-            else contextlib.nullcontext()
+        autocast = (
+            torch.autocast(device_type=device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()
+        )
         with torch.inference_mode(), autocast:
             h = self.model.hidden(x.to(device), **extra)
             h = h.reshape(-1, h.shape[-1])[torch.tensor(picks, device=device)]
-            logits = h @ self.model.lm_head.weight[:self.vocab].t()
+            logits = h @ self.model.lm_head.weight[: self.vocab].t()
         logp = torch.log_softmax(logits.float(), dim=-1)
         token_lp = logp.gather(1, torch.tensor(targets, device=device).unsqueeze(1)).squeeze(1).double()
         sums = torch.zeros(len(requests), dtype=torch.float64, device=device)
@@ -204,7 +224,7 @@ def score(task: str, items: list[Item], scorer: Scorer) -> TaskScore:
     chance = 0.0
     at = 0
     for it in items:
-        vals = lls[at:at + it.n_choices]
+        vals = lls[at : at + it.n_choices]
         if any(i in scorer.skipped for i in range(at, at + it.n_choices)):
             at += it.n_choices
             continue
@@ -213,6 +233,13 @@ def score(task: str, items: list[Item], scorer: Scorer) -> TaskScore:
         chance += 1 / it.n_choices
         hits += _argmax(vals) == it.gold
         hits_norm += _argmax([v / c for v, c in zip(vals, it.choice_chars, strict=True)]) == it.gold
-    return TaskScore(task, n, hits / n if n else math.nan,
-                     (hits_norm / n if n else math.nan) if HAS_ACC_NORM[task] else None,
-                     chance / n if n else math.nan, truncated, time.monotonic() - t0, len(items) - n)
+    return TaskScore(
+        task,
+        n,
+        hits / n if n else math.nan,
+        (hits_norm / n if n else math.nan) if HAS_ACC_NORM[task] else None,
+        chance / n if n else math.nan,
+        truncated,
+        time.monotonic() - t0,
+        len(items) - n,
+    )

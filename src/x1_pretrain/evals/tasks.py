@@ -29,7 +29,7 @@ class Item:
 
     requests: tuple[tuple[str, str], ...]
     gold: int
-    choice_chars: tuple[int, ...]      # len(choice) per choice: acc_norm's denominators
+    choice_chars: tuple[int, ...]  # len(choice) per choice: acc_norm's denominators
 
     @property
     def n_choices(self) -> int:
@@ -48,14 +48,18 @@ def _choices_item(context: str, choices: list[str], gold: int) -> Item:
 
 def hellaswag(row: dict[str, Any]) -> Item:
     ctx = row["ctx_a"] + " " + row["ctx_b"].capitalize()
-    return _choices_item(_hellaswag_clean(row["activity_label"] + ": " + ctx),
-                         [_hellaswag_clean(e) for e in row["endings"]], int(row["label"]))
+    return _choices_item(
+        _hellaswag_clean(row["activity_label"] + ": " + ctx),
+        [_hellaswag_clean(e) for e in row["endings"]],
+        int(row["label"]),
+    )
 
 
 def arc(row: dict[str, Any]) -> Item:
     choices = row["choices"]
-    return _choices_item(f"Question: {row['question']}\nAnswer:", list(choices["text"]),
-                         list(choices["label"]).index(row["answerKey"]))
+    return _choices_item(
+        f"Question: {row['question']}\nAnswer:", list(choices["text"]), list(choices["label"]).index(row["answerKey"])
+    )
 
 
 def piqa(row: dict[str, Any]) -> Item:
@@ -66,13 +70,16 @@ def winogrande(row: dict[str, Any]) -> Item:
     sentence = row["sentence"]
     blank = sentence.index("_")
     contexts = [sentence[:blank] + row["option1"], sentence[:blank] + row["option2"]]
-    rest = TARGET_DELIMITER + sentence[blank + 1:].strip()
-    return Item(tuple((c, rest) for c in contexts), {"1": 0, "2": 1}[row["answer"]],
-                tuple(len(c) for c in contexts))
+    rest = TARGET_DELIMITER + sentence[blank + 1 :].strip()
+    return Item(tuple((c, rest) for c in contexts), {"1": 0, "2": 1}[row["answer"]], tuple(len(c) for c in contexts))
 
 
 BUILD: dict[str, Callable[[dict[str, Any]], Item]] = {
-    "hellaswag": hellaswag, "arc_easy": arc, "arc_challenge": arc, "piqa": piqa, "winogrande": winogrande,
+    "hellaswag": hellaswag,
+    "arc_easy": arc,
+    "arc_challenge": arc,
+    "piqa": piqa,
+    "winogrande": winogrande,
 }
 HAS_ACC_NORM = {"hellaswag": True, "arc_easy": True, "arc_challenge": True, "piqa": True, "winogrande": False}
 

@@ -18,11 +18,11 @@ from ..core.config import ModelConfig
 # Dense bf16 tensor-core peaks in TFLOP/s (no sparsity), from the vendors' data sheets, per product variant:
 # an H100 PCIe (756) is not an H100 SXM (989), so a name that does not say which variant is not guessed.
 PEAK_TFLOPS_BF16: dict[str, float] = {
-    "a100": 312.0,       # SXM4 and PCIe, 40 and 80 GB alike
+    "a100": 312.0,  # SXM4 and PCIe, 40 and 80 GB alike
     "h100 sxm": 989.0,
     "h100 pcie": 756.0,
     "h100 nvl": 835.0,
-    "h200": 989.0,       # H200 SXM and GH200
+    "h200": 989.0,  # H200 SXM and GH200
     "h800 sxm": 989.0,
     "h800 pcie": 756.0,
     "a10g": 125.0,
@@ -37,10 +37,21 @@ PEAK_TFLOPS_BF16: dict[str, float] = {
 # table key, first match wins. "NVIDIA H100 80GB HBM3" is the SXM part; "NVIDIA H100 PCIe" and "NVIDIA H100
 # NVL" say so.
 _DEVICE_NAMES: list[tuple[tuple[str, ...], str]] = [
-    (("h100", "nvl"), "h100 nvl"), (("h100", "pcie"), "h100 pcie"), (("h100", "hbm3"), "h100 sxm"),
-    (("h100", "sxm"), "h100 sxm"), (("h800", "pcie"), "h800 pcie"), (("h800", "hbm3"), "h800 sxm"),
-    (("h800", "sxm"), "h800 sxm"), (("h200",), "h200"), (("a100",), "a100"), (("a10g",), "a10g"),
-    (("l40s",), "l40s"), (("l4",), "l4"), (("4090",), "rtx 4090"), (("3090",), "rtx 3090"), (("v100",), "v100"),
+    (("h100", "nvl"), "h100 nvl"),
+    (("h100", "pcie"), "h100 pcie"),
+    (("h100", "hbm3"), "h100 sxm"),
+    (("h100", "sxm"), "h100 sxm"),
+    (("h800", "pcie"), "h800 pcie"),
+    (("h800", "hbm3"), "h800 sxm"),
+    (("h800", "sxm"), "h800 sxm"),
+    (("h200",), "h200"),
+    (("a100",), "a100"),
+    (("a10g",), "a10g"),
+    (("l40s",), "l40s"),
+    (("l4",), "l4"),
+    (("4090",), "rtx 4090"),
+    (("3090",), "rtx 3090"),
+    (("v100",), "v100"),
 ]
 
 
@@ -54,17 +65,19 @@ def device_peak(device_name: str | None) -> tuple[float | None, str]:
             return PEAK_TFLOPS_BF16[key], f"{device_name!r} is the {key.upper()} ({PEAK_TFLOPS_BF16[key]:g} TFLOP/s)"
     family = next((f for f in ("h100", "h800") if f in name), None)
     if family:
-        return None, (f"{device_name!r} is an {family.upper()} whose variant (SXM, PCIe, NVL) the name does not "
-                      "say; pass --peak-tflops (989 SXM, 756 PCIe, 835 NVL)")
+        return None, (
+            f"{device_name!r} is an {family.upper()} whose variant (SXM, PCIe, NVL) the name does not "
+            "say; pass --peak-tflops (989 SXM, 756 PCIe, 835 NVL)"
+        )
     return None, f"{device_name!r} is not in the peak table; pass --peak-tflops"
 
 
 @dataclass(frozen=True)
 class ParamCounts:
-    non_embedding: int   # weight matrices of the blocks (the Chinchilla convention's N)
-    embedding: int       # token embedding (= the LM head when tied)
-    lm_head: int         # a separate LM head's weights; 0 when tied
-    norm_gains: int      # RMSNorm weights (tiny; not in either convention's N)
+    non_embedding: int  # weight matrices of the blocks (the Chinchilla convention's N)
+    embedding: int  # token embedding (= the LM head when tied)
+    lm_head: int  # a separate LM head's weights; 0 when tied
+    norm_gains: int  # RMSNorm weights (tiny; not in either convention's N)
 
     @property
     def total(self) -> int:
@@ -79,8 +92,8 @@ class ParamCounts:
 
 def param_counts(m: ModelConfig) -> ParamCounts:
     kv = m.n_kv_head * m.head_dim
-    attn = 2 * m.d_model * m.d_model + 2 * m.d_model * kv      # q, o ; k, v
-    mlp = 3 * m.d_model * m.d_ff                               # gate, up, down
+    attn = 2 * m.d_model * m.d_model + 2 * m.d_model * kv  # q, o ; k, v
+    mlp = 3 * m.d_model * m.d_ff  # gate, up, down
     embedding = m.vocab_size * m.d_model
     return ParamCounts(
         non_embedding=m.n_layer * (attn + mlp),

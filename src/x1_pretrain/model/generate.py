@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Sampling:
     max_new_tokens: int
-    temperature: float = 0.0          # 0 is greedy (argmax)
-    top_k: int | None = None          # sample among the k likeliest tokens; None keeps them all
-    stop_id: int | None = None        # stop at this token (not returned), e.g. <|endoftext|>
+    temperature: float = 0.0  # 0 is greedy (argmax)
+    top_k: int | None = None  # sample among the k likeliest tokens; None keeps them all
+    stop_id: int | None = None  # stop at this token (not returned), e.g. <|endoftext|>
     allowed_vocab: int | None = None  # mask the logits of ids the tokenizer cannot decode
 
 
@@ -33,7 +33,7 @@ def generate(model: Any, ids: list[int], how: Sampling, generator: torch.Generat
         for _ in range(how.max_new_tokens):
             logits = model(x[:, -seq_len:])[:, -1, :].float()  # (1, V)
             if how.allowed_vocab is not None and how.allowed_vocab < logits.shape[-1]:
-                logits[:, how.allowed_vocab:] = float("-inf")
+                logits[:, how.allowed_vocab :] = float("-inf")
             if how.temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)  # (1, 1)
             else:

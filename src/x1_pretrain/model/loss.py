@@ -45,27 +45,29 @@ def _is_compiling() -> bool:
     return bool(check()) if check is not None else False
 
 
-def _chunk_in_place(logits: torch.Tensor, ys: torch.Tensor, vocab: int, scale: float, want_grad: bool,
-                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _chunk_in_place(
+    logits: torch.Tensor, ys: torch.Tensor, vocab: int, scale: float, want_grad: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Eager: (summed loss, gradient in ``dtype`` or None) of one chunk through one fp32 buffer reused in place,
     so no second buffer of this size is ever allocated (torch.logsumexp would allocate one)."""
-    x = logits.float()                                           # (n, Vp), the only big fp32 buffer
+    x = logits.float()  # (n, Vp), the only big fp32 buffer
     if x.shape[1] > vocab:
-        x[:, vocab:] = float("-inf")                             # padding: no probability
-    picked = x.gather(1, ys[:, None]).squeeze(1)                 # (n,)
-    top = x.amax(dim=1)                                          # (n,)
-    total_exp = x.sub_(top[:, None]).exp_().sum(dim=1)           # x now holds exp(logit - top)
+        x[:, vocab:] = float("-inf")  # padding: no probability
+    picked = x.gather(1, ys[:, None]).squeeze(1)  # (n,)
+    top = x.amax(dim=1)  # (n,)
+    total_exp = x.sub_(top[:, None]).exp_().sum(dim=1)  # x now holds exp(logit - top)
     loss = (top + total_exp.log() - picked).sum()
     if not want_grad:
         return loss, None
     # d(mean loss)/d(logits) = (softmax - onehot) / N: the softmax and the 1/N in one pass, the onehot on n cells
     grad = x.mul_((scale / total_exp)[:, None])
-    grad[torch.arange(x.shape[0], device=x.device), ys] -= scale   # unique (row, id) pairs: deterministic
+    grad[torch.arange(x.shape[0], device=x.device), ys] -= scale  # unique (row, id) pairs: deterministic
     return loss, grad.to(dtype)
 
 
-def _chunk_fused(logits: torch.Tensor, ys: torch.Tensor, vocab: int, scale: float, want_grad: bool,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _chunk_fused(
+    logits: torch.Tensor, ys: torch.Tensor, vocab: int, scale: float, want_grad: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Under torch.compile: the same values written as pure functions, so Inductor fuses them into a reduction
     that reads the logits (log-sum-exp in fp32) and one pointwise kernel that reads them again and writes the
     gradient in ``dtype``: no fp32 copy of the chunk in memory, no index_put (the onehot is a comparison)."""
@@ -74,7 +76,7 @@ def _chunk_fused(logits: torch.Tensor, ys: torch.Tensor, vocab: int, scale: floa
     if logits.shape[1] > vocab:
         x = x.masked_fill(cols >= vocab, float("-inf"))
     top = x.amax(dim=1, keepdim=True)
-    lse = top + (x - top).exp().sum(dim=1, keepdim=True).log()   # (n, 1)
+    lse = top + (x - top).exp().sum(dim=1, keepdim=True).log()  # (n, 1)
     loss = (lse.squeeze(1) - x.gather(1, ys[:, None]).squeeze(1)).sum()
     if not want_grad:
         return loss, None
@@ -85,8 +87,9 @@ def _chunk_fused(logits: torch.Tensor, ys: torch.Tensor, vocab: int, scale: floa
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                plan: tuple[int, int, torch.dtype, bool]) -> torch.Tensor:
+    def forward(
+        ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, plan: tuple[int, int, torch.dtype, bool]
+    ) -> torch.Tensor:
         # h (N, C); weight (Vp, C); targets (N,) int64 in [0, vocab); plan: (vocab, chunk, dtype, want_grad)
         vocab, chunk, dtype, want_grad = plan
         n_tokens = h.shape[0]
@@ -114,8 +117,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return dh * grad_loss.to(dh.dtype), dw * grad_loss.to(dw.dtype), None, None
 
 
-def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int,
-                         chunk_tokens: int = 4096) -> torch.Tensor:
+def linear_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, vocab: int, chunk_tokens: int = 4096
+) -> torch.Tensor:
     """Mean cross-entropy of ``h @ weight[:vocab].T`` against ``targets``: h (..., C), weight (Vp ≥ vocab, C),
     targets (...) with ids in [0, vocab). Equal to ``F.cross_entropy`` on the logits up to rounding."""
     h2 = h.reshape(-1, h.shape[-1])

@@ -95,13 +95,14 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_tables(head_dim: int, seq_len: int, base: float, device: torch.device | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(
+    head_dim: int, seq_len: int, base: float, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (T, head_dim) in fp32, rotate-half layout (frequencies repeated twice)."""
     inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
     t = torch.arange(seq_len, dtype=torch.int64, device=device).float()
-    freqs = torch.outer(t, inv_freq)               # (T, hd/2)
-    emb = torch.cat((freqs, freqs), dim=-1)        # (T, hd)
+    freqs = torch.outer(t, inv_freq)  # (T, hd/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, hd)
     return emb.cos(), emb.sin()
 
 
@@ -141,8 +142,9 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_flash: bool,
-                     deterministic: bool = False) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_flash: bool, deterministic: bool = False
+) -> torch.Tensor:
     """q: (B, T, H, hd); k, v: (B, T, KV, hd) → (B, T, H, hd)."""
     if use_flash and flash_attn_func is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         if deterministic:
@@ -161,7 +163,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, use_flas
     return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
 
 
-SDPA_BACKENDS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}   # torch's SDPBackend
+SDPA_BACKENDS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}  # torch's SDPBackend
 
 
 def sdpa_backend(m: ModelConfig, dtype: torch.dtype, device: torch.device) -> str:
@@ -170,10 +172,9 @@ def sdpa_backend(m: ModelConfig, dtype: torch.dtype, device: torch.device) -> st
     ``flash``, ``efficient``, ``cudnn``; ``unknown`` where this torch cannot say."""
     q = torch.zeros(1, m.n_head, 8, m.head_dim, dtype=dtype, device=device)
     kv_heads = m.n_kv_head
-    gqa = kv_heads != m.n_head and _SDPA_HAS_GQA and (device.type != "cuda" or dtype in (torch.bfloat16,
-                                                                                           torch.float16))
+    gqa = kv_heads != m.n_head and _SDPA_HAS_GQA and (device.type != "cuda" or dtype in (torch.bfloat16, torch.float16))
     if kv_heads != m.n_head and not gqa:
-        kv_heads = m.n_head            # causal_attention repeats the K/V heads there
+        kv_heads = m.n_head  # causal_attention repeats the K/V heads there
     k = torch.zeros(1, kv_heads, 8, m.head_dim, dtype=dtype, device=device)
     try:
         choose: Any = torch._fused_sdp_choice
@@ -201,7 +202,7 @@ class FusedLinear(nn.Linear):
                 nn.init.normal_(part, mean=0.0, std=std)
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
-        parent = prefix[:-len("fused.")]  # the parts sit beside it, under the parent's prefix
+        parent = prefix[: -len("fused.")]  # the parts sit beside it, under the parent's prefix
         for name, part in zip(self.names, self.parts(), strict=True):
             destination[f"{parent}{name}.weight"] = part if keep_vars else part.detach()
 
@@ -210,15 +211,24 @@ class FusedParent(nn.Module):
     """A module that may hold a ``fused`` :class:`FusedLinear`: loading turns the parts' Llama names into the
     fused weight before the strict key check of this module sees them."""
 
-    def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
-                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+    def _load_from_state_dict(
+        self,
+        state_dict: Any,
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
         fused = self._modules.get("fused")
         if isinstance(fused, FusedLinear):
             keys = [f"{prefix}{name}.weight" for name in fused.names]
             if all(k in state_dict for k in keys):
                 state_dict[f"{prefix}fused.weight"] = torch.cat([state_dict.pop(k) for k in keys], dim=0)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
 
 class Attention(FusedParent):
@@ -236,8 +246,9 @@ class Attention(FusedParent):
         self.o_proj = nn.Linear(q_out, m.d_model, bias=False)
         self.kernels = Kernels()
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         if hasattr(self, "fused"):
             q, k, v = self.fused(x).split(self.sizes, dim=-1)
@@ -280,8 +291,9 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(m.d_model, m.norm_eps)
         self.mlp = MLP(m)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -300,18 +312,33 @@ class VocabRows:
     weight: torch.Tensor
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
-        w = self.weight[:self.vocab]
+        w = self.weight[: self.vocab]
         destination[f"{prefix}weight"] = w if keep_vars else w.detach()
 
-    def _load_from_state_dict(self, state_dict: Any, prefix: str, local_metadata: Any, strict: bool,
-                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+    def _load_from_state_dict(
+        self,
+        state_dict: Any,
+        prefix: str,
+        local_metadata: Any,
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
         key = f"{prefix}weight"
         w = state_dict.get(key)
         rows = self.weight.shape[0]
         if w is not None and w.dim() == 2 and w.shape[0] == self.vocab < rows:
             state_dict[key] = torch.cat([w, w.new_zeros(rows - self.vocab, w.shape[1])])
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,  # type: ignore[misc]
-                                      missing_keys, unexpected_keys, error_msgs)
+        super()._load_from_state_dict(
+            state_dict,
+            prefix,
+            local_metadata,
+            strict,  # type: ignore[misc]
+            missing_keys,
+            unexpected_keys,
+            error_msgs,
+        )
 
 
 class VocabEmbedding(VocabRows, nn.Embedding):
@@ -366,8 +393,8 @@ class Transformer(nn.Module):
                 if isinstance(mod, FusedLinear):
                     mod.init_parts(std)
                 elif isinstance(mod, VocabRows):
-                    nn.init.normal_(mod.weight[:mod.vocab], mean=0.0, std=std)
-                    mod.weight[mod.vocab:].zero_()
+                    nn.init.normal_(mod.weight[: mod.vocab], mean=0.0, std=std)
+                    mod.weight[mod.vocab :].zero_()
                 elif isinstance(mod, (nn.Linear, nn.Embedding)):
                     nn.init.normal_(mod.weight, mean=0.0, std=std)
                 elif isinstance(mod, RMSNorm):
@@ -382,8 +409,9 @@ class Transformer(nn.Module):
     def set_attention(self, use_flash: bool) -> None:
         self.set_kernels(dataclasses_replace(self.kernels, use_flash=use_flash))
 
-    def hidden(self, idx: torch.Tensor, positions: torch.Tensor | None = None,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+    def hidden(
+        self, idx: torch.Tensor, positions: torch.Tensor | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """idx: (B, T) token ids. The final normed hidden states (B, T, d_model): what the LM head reads (an
         evaluation applies the head only where it needs a prediction).
 
@@ -396,7 +424,7 @@ class Transformer(nn.Module):
                 raise ValueError(f"sequence of {T} tokens is longer than model.seq_len {self.config.seq_len}")
             cos, sin = self.rope_cos[:T], self.rope_sin[:T]
         else:
-            if int(positions.max()) >= self.config.seq_len:   # on a GPU a bad index would be a device assert
+            if int(positions.max()) >= self.config.seq_len:  # on a GPU a bad index would be a device assert
                 raise ValueError(f"position {int(positions.max())} is past model.seq_len {self.config.seq_len}")
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         x = self.model.embed_tokens(idx)  # (B, T, C)
@@ -422,8 +450,8 @@ class Transformer(nn.Module):
 
 def state_dict_for_saving(model: nn.Module) -> dict[str, torch.Tensor]:
     """The weights under transformers-Llama names, without the tied ``lm_head.weight`` duplicate."""
-    inner: Any = getattr(model, "_orig_mod", model)   # a torch.compile wrapper
-    inner = getattr(inner, "module", inner)           # a DDP wrapper
+    inner: Any = getattr(model, "_orig_mod", model)  # a torch.compile wrapper
+    inner = getattr(inner, "module", inner)  # a DDP wrapper
     sd = inner.state_dict()
     if inner.config.tie_embeddings:
         sd.pop("lm_head.weight", None)
@@ -453,5 +481,3 @@ def hf_config(m: ModelConfig) -> dict[str, Any]:
         "bos_token_id": m.vocab_size - 1,  # GPT-2 uses <|endoftext|> (the last id) for both
         "eos_token_id": m.vocab_size - 1,
     }
-
-

@@ -18,8 +18,15 @@ from ..core.fileio import fsync_dir, fsync_tree, replace_dir, sha256_file
 from . import manifest as mf
 from . import plots, runs
 
-BUNDLE_FILES = ("manifest.json", "metrics.csv", "loss-curve.png", "gradnorm-curve.png", "throughput.png",
-                mf.BUNDLE_MODEL, "mlflow-run-uri.txt")
+BUNDLE_FILES = (
+    "manifest.json",
+    "metrics.csv",
+    "loss-curve.png",
+    "gradnorm-curve.png",
+    "throughput.png",
+    mf.BUNDLE_MODEL,
+    "mlflow-run-uri.txt",
+)
 LAB_VAL_BAND = (3.20, 3.50)
 
 
@@ -39,16 +46,24 @@ def draw(points: list[runs.MetricPoint], run: runs.RunRecord, manifest: dict[str
     name = run.run_name or run.run_id[:8]
     val = _of(points, N.VAL_LOSS)
     band = LAB_VAL_BAND if val and val[-1].value < LAB_VAL_BAND[1] + 1.0 else None
-    plots.loss_curve(_of(points, N.TRAIN_LOSS), val, out / "loss-curve.png",
-                     f"{name}: train and val loss", band)
+    plots.loss_curve(_of(points, N.TRAIN_LOSS), val, out / "loss-curve.png", f"{name}: train and val loss", band)
     clip = (manifest["config"].get("optim") or {}).get("grad_clip")
-    plots.gradnorm_curve(_of(points, N.TRAIN_GRAD_NORM), _of(points, N.TRAIN_PARAM_NORM),
-                         out / "gradnorm-curve.png", f"{name}: gradient and parameter norms", clip)
+    plots.gradnorm_curve(
+        _of(points, N.TRAIN_GRAD_NORM),
+        _of(points, N.TRAIN_PARAM_NORM),
+        out / "gradnorm-curve.png",
+        f"{name}: gradient and parameter norms",
+        clip,
+    )
     tps = manifest["throughput"]["mean_tokens_per_s"]
     start = run.start_ms or min(p.timestamp_ms for p in points)
-    plots.throughput(_of(points, N.TRAIN_TOKENS_PER_S), _of(points, N.RUN_RESTARTS), start,
-                     out / "throughput.png",
-                     f"{name}: throughput" + (f" (mean {tps:,.0f} tokens/s)" if tps else ""))
+    plots.throughput(
+        _of(points, N.TRAIN_TOKENS_PER_S),
+        _of(points, N.RUN_RESTARTS),
+        start,
+        out / "throughput.png",
+        f"{name}: throughput" + (f" (mean {tps:,.0f} tokens/s)" if tps else ""),
+    )
 
 
 def write_bundle(out: Path, fill: Any, overwrite: bool) -> None:
@@ -57,8 +72,10 @@ def write_bundle(out: Path, fill: Any, overwrite: bool) -> None:
     if out.exists() and not out.is_dir():
         raise X1Error(f"--output {out} is a file; give a directory")
     if (out / "manifest.json").exists() and not overwrite:
-        raise X1Error(f"--output {out} already holds an exported run (manifest.json); pass --overwrite to replace "
-                      "it (other files there, like spike-postmortem.md, are kept) or choose another directory")
+        raise X1Error(
+            f"--output {out} already holds an exported run (manifest.json); pass --overwrite to replace "
+            "it (other files there, like spike-postmortem.md, are kept) or choose another directory"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -66,7 +83,7 @@ def write_bundle(out: Path, fill: Any, overwrite: bool) -> None:
     try:
         fill(tmp)
         if out.exists():
-            for item in out.iterdir():   # a symlink is kept as a link, never followed: no outside file comes in
+            for item in out.iterdir():  # a symlink is kept as a link, never followed: no outside file comes in
                 if item.name in BUNDLE_FILES:
                     continue
                 if item.is_dir() and not item.is_symlink():
@@ -84,12 +101,15 @@ def write_bundle(out: Path, fill: Any, overwrite: bool) -> None:
 def export(args: argparse.Namespace) -> Path:
     run = runs.load_run(args.mlflow_uri, args.run_id, args.experiment)
     if not run.metrics:
-        raise X1Error(f"run {run.run_id} in {redact.url(run.uri)} has no metrics (nothing was logged: did training "
-                      "start?); export needs at least train/loss")
+        raise X1Error(
+            f"run {run.run_id} in {redact.url(run.uri)} has no metrics (nothing was logged: did training "
+            "start?); export needs at least train/loss"
+        )
     points, replayed = runs.dedupe(run.metrics)
     final = mf.locate_final(run, args.ckpt_dir)
-    manifest = mf.build(run, final, points, replayed, mf.Facts(args.spent_usd, args.curr_cost_uri, args.provider,
-                                                                args.instance_type))
+    manifest = mf.build(
+        run, final, points, replayed, mf.Facts(args.spent_usd, args.curr_cost_uri, args.provider, args.instance_type)
+    )
 
     def fill(tmp: Path) -> None:
         shutil.copyfile(final.weights, tmp / mf.BUNDLE_MODEL)
@@ -115,8 +135,10 @@ def run_uri_text(run: runs.RunRecord) -> str:
     else:
         env = "MLFLOW_ALLOW_FILE_STORE=true " if uri.startswith("file:") else ""
         ui = f"{env}mlflow ui --backend-store-uri {uri}  (then experiment {run.experiment_name}, run {run.run_id})"
-    return (f"runs:/{run.run_id}\ntracking_uri: {uri}\nexperiment: {run.experiment_name} "
-            f"(id {run.experiment_id})\nrun_id: {run.run_id}\nrun_name: {run.run_name}\nui: {ui}\n")
+    return (
+        f"runs:/{run.run_id}\ntracking_uri: {uri}\nexperiment: {run.experiment_name} "
+        f"(id {run.experiment_id})\nrun_id: {run.run_id}\nrun_name: {run.run_name}\nui: {ui}\n"
+    )
 
 
 def summary(out: Path) -> str:
@@ -126,7 +148,9 @@ def summary(out: Path) -> str:
     mfu = f"MFU {t['mfu']:.3f} (lab 6N: {t['mfu_lab_6n']:.3f})" if t["mfu"] is not None else "MFU n/a"
     val = f"{lo['final_val']:.4f}" if lo["final_val"] is not None else "n/a"
     tps = f"{t['mean_tokens_per_s']:,.0f}" if t["mean_tokens_per_s"] else "n/a"
-    return (f"exported run {m['mlflow']['run_id']} to {out}\n"
-            f"  {p['steps']:,} steps, {p['tokens']:,} tokens, {p['restarts']} restart(s); final val loss {val}; "
-            f"{tps} tokens/s, {mfu}; spent {spent}\n"
-            f"  files: {', '.join(BUNDLE_FILES)}")
+    return (
+        f"exported run {m['mlflow']['run_id']} to {out}\n"
+        f"  {p['steps']:,} steps, {p['tokens']:,} tokens, {p['restarts']} restart(s); final val loss {val}; "
+        f"{tps} tokens/s, {mfu}; spent {spent}\n"
+        f"  files: {', '.join(BUNDLE_FILES)}"
+    )

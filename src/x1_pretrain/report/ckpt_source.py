@@ -41,10 +41,10 @@ CONFIG_HINT = "pass --config configs/x1-50m-a100.yaml (the config the run was tr
 
 @dataclass(frozen=True)
 class Source:
-    weights: Path                  # the .safetensors file to read
+    weights: Path  # the .safetensors file to read
     model: C.ModelConfig
-    state: dict[str, Any] | None   # trainer_state.json of the step dir, when one was found
-    config_from: str               # where the model config came from, for messages
+    state: dict[str, Any] | None  # trainer_state.json of the step dir, when one was found
+    config_from: str  # where the model config came from, for messages
 
     @property
     def step(self) -> int | None:
@@ -58,8 +58,10 @@ class Source:
 def _complete_step_dir(path: Path) -> dict[str, Any]:
     state, problem = ck.verify(path)
     if state is None:
-        raise X1Error(f"--checkpoint {path}: not a complete checkpoint: {problem}. Name a complete step dir, "
-                      "or the checkpoint dir to use its newest complete one")
+        raise X1Error(
+            f"--checkpoint {path}: not a complete checkpoint: {problem}. Name a complete step dir, "
+            "or the checkpoint dir to use its newest complete one"
+        )
     return state
 
 
@@ -71,8 +73,10 @@ def _newest_state(ckpt_dir: Path, warn: Warn) -> tuple[Path, dict[str, Any]] | N
 def locate(path: Path, warn: Warn = _stderr) -> tuple[Path, dict[str, Any] | None, str]:
     """(weights file, trainer state or None, where that state came from) for ``--checkpoint path``."""
     if not path.exists():
-        raise X1Error(f"--checkpoint {path}: no such file or directory (expected a step_NNNNNNN/ dir, a "
-                      "checkpoint dir or a .safetensors file)")
+        raise X1Error(
+            f"--checkpoint {path}: no such file or directory (expected a step_NNNNNNN/ dir, a "
+            "checkpoint dir or a .safetensors file)"
+        )
     if path.is_dir():
         if (path / ck.MODEL_FILE).is_file() or (path / ck.STATE_FILE).is_file():
             return path / ck.MODEL_FILE, _complete_step_dir(path), str(path / ck.STATE_FILE)
@@ -82,11 +86,15 @@ def locate(path: Path, warn: Warn = _stderr) -> tuple[Path, dict[str, Any] | Non
             return step_dir / ck.MODEL_FILE, state, str(step_dir / ck.STATE_FILE)
         if (path / ck.FINAL_MODEL).is_file():
             return path / ck.FINAL_MODEL, None, ""
-        raise X1Error(f"--checkpoint {path}: holds no complete step_NNNNNNN/ dir and no {ck.FINAL_MODEL}; "
-                      "is it the --ckpt-dir the trainer wrote to?")
+        raise X1Error(
+            f"--checkpoint {path}: holds no complete step_NNNNNNN/ dir and no {ck.FINAL_MODEL}; "
+            "is it the --ckpt-dir the trainer wrote to?"
+        )
     if path.suffix != ".safetensors":
-        raise X1Error(f"--checkpoint {path}: a file must be a .safetensors file (final.safetensors or a step "
-                      "dir's model.safetensors)")
+        raise X1Error(
+            f"--checkpoint {path}: a file must be a .safetensors file (final.safetensors or a step "
+            "dir's model.safetensors)"
+        )
     if path.name == ck.MODEL_FILE and (path.parent / ck.STATE_FILE).is_file():
         return path, _complete_step_dir(path.parent), str(path.parent / ck.STATE_FILE)
     newest = _newest_state(path.parent, warn)
@@ -96,8 +104,7 @@ def locate(path: Path, warn: Warn = _stderr) -> tuple[Path, dict[str, Any] | Non
     return path, None, ""
 
 
-def resolve(path: Path, config_file: Path | None = None, sets: list[str] | None = None,
-            warn: Warn = _stderr) -> Source:
+def resolve(path: Path, config_file: Path | None = None, sets: list[str] | None = None, warn: Warn = _stderr) -> Source:
     weights, state, state_from = locate(path, warn)
     if config_file is not None:
         return Source(weights, C.load(config_file, sets=sets).model, state, str(config_file))
@@ -105,8 +112,11 @@ def resolve(path: Path, config_file: Path | None = None, sets: list[str] | None 
         raise X1Error("--set needs --config (the overrides apply to that file)")
     saved = state.get("config") if state is not None else None
     if not isinstance(saved, dict) or not isinstance(saved.get("model"), dict):
-        where = f"{state_from} has no resolved config" if state is not None else \
-            f"no trainer_state.json was found beside {weights}"
+        where = (
+            f"{state_from} has no resolved config"
+            if state is not None
+            else f"no trainer_state.json was found beside {weights}"
+        )
         raise X1Error(f"--checkpoint {path}: {where}; {CONFIG_HINT}")
     # Only the model section matters here; the other sections may come from another x1 version.
     return Source(weights, C.from_dict({"model": saved["model"]}, state_from).model, state, state_from)
@@ -132,6 +142,7 @@ def load_model(src: Source, device: Any = "cpu") -> Transformer:
     except RuntimeError as e:  # shape mismatches
         lines = str(e).strip().splitlines()
         detail = next((ln.strip() for ln in lines if "size mismatch" in ln), lines[0] if lines else "")
-        raise X1Error(f"{src.weights}: the weights do not fit the model config from {src.config_from} "
-                      f"({detail}); {CONFIG_HINT}") from None
+        raise X1Error(
+            f"{src.weights}: the weights do not fit the model config from {src.config_from} ({detail}); {CONFIG_HINT}"
+        ) from None
     return model.to(torch.device(device)).eval()

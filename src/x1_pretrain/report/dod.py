@@ -68,11 +68,19 @@ def check_manifest(m: dict[str, Any] | None, why: str) -> Check:
         missing.append("dollars.spent_usd" + (f" ({source})" if source else ""))
     if missing:
         return Check(1, name, False, "manifest.json lacks " + "; ".join(missing))
-    gpu = f"{cluster.get('gpu_count') or 1}x {cluster['gpu_name']}" if cluster.get("gpu_name") \
+    gpu = (
+        f"{cluster.get('gpu_count') or 1}x {cluster['gpu_name']}"
+        if cluster.get("gpu_name")
         else f"CPU, {cluster.get('cpu_count')} cores"
-    return Check(1, name, True, f"seed {m['seed']}; torch {versions['torch']}, flash-attn "
-                                f"{versions.get('flash_attn') or 'none'}; {gpu} on {cluster['hostname']}; "
-                                f"{_money(spent)} spent")
+    )
+    return Check(
+        1,
+        name,
+        True,
+        f"seed {m['seed']}; torch {versions['torch']}, flash-attn "
+        f"{versions.get('flash_attn') or 'none'}; {gpu} on {cluster['hostname']}; "
+        f"{_money(spent)} spent",
+    )
 
 
 def check_val_loss(m: dict[str, Any] | None, band: tuple[float, float]) -> Check:
@@ -86,8 +94,12 @@ def check_val_loss(m: dict[str, Any] | None, band: tuple[float, float]) -> Check
     if lo <= val <= hi:
         return Check(2, name, True, f"val loss {val:.4f}{at}")
     side = "above" if val > hi else "below"
-    return Check(2, name, False, f"val loss {val:.4f}{at} is {side} the band: see theory/04, check for spikes, "
-                                 "write the post-mortem")
+    return Check(
+        2,
+        name,
+        False,
+        f"val loss {val:.4f}{at} is {side} the band: see theory/04, check for spikes, write the post-mortem",
+    )
 
 
 def check_weights(run_dir: Path, m: dict[str, Any] | None) -> Check:
@@ -108,16 +120,30 @@ def check_weights(run_dir: Path, m: dict[str, Any] | None) -> Check:
     with tempfile.TemporaryDirectory(prefix="x1-dod-") as tmp:
         again = safetensors_io.save(tensors, Path(tmp) / "resaved.safetensors", meta)
     if again != digest:
-        return Check(3, name, False, f"re-saving the {len(tensors)} loaded tensors gives other bytes "
-                                     f"(sha256 {again[:12]} vs {digest[:12]})")
+        return Check(
+            3,
+            name,
+            False,
+            f"re-saving the {len(tensors)} loaded tensors gives other bytes (sha256 {again[:12]} vs {digest[:12]})",
+        )
     source = _get(m, "final_weights.source_sha256")
     origin = _get(m, "final_weights.source_checkpoint") or "its source checkpoint"
     if not source:
-        return Check(3, name, False, "round trip is byte-identical, but manifest.json does not say which checkpoint "
-                                     "it came from (final_weights.source_sha256)")
+        return Check(
+            3,
+            name,
+            False,
+            "round trip is byte-identical, but manifest.json does not say which checkpoint "
+            "it came from (final_weights.source_sha256)",
+        )
     if digest != source:
-        return Check(3, name, False, f"round trip is byte-identical, but sha256 {digest[:12]} is not {origin}'s "
-                                     f"model.safetensors ({str(source)[:12]})")
+        return Check(
+            3,
+            name,
+            False,
+            f"round trip is byte-identical, but sha256 {digest[:12]} is not {origin}'s "
+            f"model.safetensors ({str(source)[:12]})",
+        )
     src_dir = Path(str(_get(m, "final_weights.source_path") or ""))
     if src_dir.name and (src_dir / MODEL_FILE).is_file():
         import torch
@@ -141,9 +167,11 @@ def check_spend(m: dict[str, Any] | None, cap: float) -> Check:
     source = _get(m, "dollars.source") or "manifest.json"
     ok = spent <= cap
     fitted = ""
-    if _get(m, "progress.budget_fit") or _get(m, "progress.fit_to_budget"):   # the second: older bundles
-        fitted = (f"; fitted to the budget: {_get(m, 'progress.steps')} steps of at most "
-                  f"{_get(m, 'progress.total_steps')}, annealed from step {_get(m, 'progress.decay_start_step')}")
+    if _get(m, "progress.budget_fit") or _get(m, "progress.fit_to_budget"):  # the second: older bundles
+        fitted = (
+            f"; fitted to the budget: {_get(m, 'progress.steps')} steps of at most "
+            f"{_get(m, 'progress.total_steps')}, annealed from step {_get(m, 'progress.decay_start_step')}"
+        )
     return Check(4, name, ok, f"{_money(spent)} {'<=' if ok else '>'} {_money(cap)} (from {source}){fitted}")
 
 
@@ -151,9 +179,14 @@ def check_postmortem(run_dir: Path) -> Check:
     name = f"{POSTMORTEM} written"
     path = run_dir / POSTMORTEM
     if not path.is_file():
-        return Check(5, name, False, f"{POSTMORTEM} not found in {run_dir}: draft it from the run's spike (real, or "
-                                     "injected with --inject-spike-at-step 12000) with python -m "
-                                     f"x1_pretrain.postmortem --mlflow-uri URI --output {path}, then finish it by hand")
+        return Check(
+            5,
+            name,
+            False,
+            f"{POSTMORTEM} not found in {run_dir}: draft it from the run's spike (real, or "
+            "injected with --inject-spike-at-step 12000) with python -m "
+            f"x1_pretrain.postmortem --mlflow-uri URI --output {path}, then finish it by hand",
+        )
     try:
         text = path.read_text(errors="replace").strip()
     except OSError as e:
@@ -168,17 +201,25 @@ def find_proof(run_dir: Path, name: str | None) -> list[Path]:
     if name:
         p = Path(name)
         return [p if p.is_absolute() else run_dir / p]
-    return sorted(p for p in run_dir.iterdir()
-                  if p.is_file() and p.name.lower().startswith("termination") and p.suffix.lower() in PROOF_SUFFIXES)
+    return sorted(
+        p
+        for p in run_dir.iterdir()
+        if p.is_file() and p.name.lower().startswith("termination") and p.suffix.lower() in PROOF_SUFFIXES
+    )
 
 
 def check_termination(run_dir: Path, name: str | None) -> Check:
     title = "instance terminated (screenshot)"
     candidates = find_proof(run_dir, name)
     if not candidates:
-        return Check(6, title, False, f"no termination*.png|jpg|jpeg|pdf in {run_dir}: save the provider dashboard's "
-                                      "screenshot of the terminated instance there (or name it with "
-                                      "--termination-proof)")
+        return Check(
+            6,
+            title,
+            False,
+            f"no termination*.png|jpg|jpeg|pdf in {run_dir}: save the provider dashboard's "
+            "screenshot of the terminated instance there (or name it with "
+            "--termination-proof)",
+        )
     problems = []
     for p in candidates:
         if not p.is_file():
@@ -197,8 +238,14 @@ def check_termination(run_dir: Path, name: str | None) -> Check:
 
 def run_checks(run_dir: Path, band: tuple[float, float], cap: float, proof: str | None) -> list[Check]:
     m, why = load_manifest(run_dir)
-    return [check_manifest(m, why), check_val_loss(m, band), check_weights(run_dir, m), check_spend(m, cap),
-            check_postmortem(run_dir), check_termination(run_dir, proof)]
+    return [
+        check_manifest(m, why),
+        check_val_loss(m, band),
+        check_weights(run_dir, m),
+        check_spend(m, cap),
+        check_postmortem(run_dir),
+        check_termination(run_dir, proof),
+    ]
 
 
 def table(checks: list[Check], run_dir: Path) -> str:
@@ -215,7 +262,7 @@ def _tokens(n: float) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
-LAB_TOKENS = 84_000 * 524_288   # what the lab's band was written for: 84,000 steps of 512 x 1024 tokens
+LAB_TOKENS = 84_000 * 524_288  # what the lab's band was written for: 84,000 steps of 512 x 1024 tokens
 
 
 def notes(m: dict[str, Any] | None, band: tuple[float, float]) -> list[str]:
@@ -228,20 +275,27 @@ def notes(m: dict[str, Any] | None, band: tuple[float, float]) -> list[str]:
         parts = []
         for task, e in evals.items():
             norm = f", acc_norm {e['acc_norm']:.4f}" if isinstance(e.get("acc_norm"), (int, float)) else ""
-            split = f" {e['split']}" if e.get("split") else ""   # n: the items scored, on that split
-            parts.append(f"{task} acc {e.get('acc', float('nan')):.4f}{norm} (n={e.get('n')}{split}, step "
-                         f"{e.get('step')})")
-        out.append("task scores (information, not a check; zero-shot, lm-evaluation-harness protocol): "
-                   + "; ".join(parts))
+            split = f" {e['split']}" if e.get("split") else ""  # n: the items scored, on that split
+            parts.append(
+                f"{task} acc {e.get('acc', float('nan')):.4f}{norm} (n={e.get('n')}{split}, step {e.get('step')})"
+            )
+        out.append(
+            "task scores (information, not a check; zero-shot, lm-evaluation-harness protocol): " + "; ".join(parts)
+        )
     tokens, n_params = _get(m, "progress.tokens"), _get(m, "parameters.non_embedding")
     if isinstance(tokens, (int, float)) and tokens > 0 and isinstance(n_params, (int, float)) and n_params > 0:
         lo, hi = band
         predicted, lab = chinchilla_loss(n_params, tokens), chinchilla_loss(n_params, LAB_TOKENS)
         where = "inside" if lo <= predicted <= hi else ("above" if predicted > hi else "below")
-        out.append(f"the band [{lo:.2f}, {hi:.2f}] was written for the lab's 84,000 steps ({LAB_TOKENS / 1e9:.1f}B "
-                   f"tokens; plan predicts {lab:.2f} there); this run trained {_tokens(tokens)} tokens, for which "
-                   f"plan predicts {predicted:.2f} (Hoffmann et al.'s fit, N = {n_params / 1e6:.1f}M non-embedding "
-                   f"parameters): {where} the band"
-                   + ("" if where == "inside" else ", so a val loss outside it may be what these tokens buy, not "
-                      "a fault of the run"))
+        out.append(
+            f"the band [{lo:.2f}, {hi:.2f}] was written for the lab's 84,000 steps ({LAB_TOKENS / 1e9:.1f}B "
+            f"tokens; plan predicts {lab:.2f} there); this run trained {_tokens(tokens)} tokens, for which "
+            f"plan predicts {predicted:.2f} (Hoffmann et al.'s fit, N = {n_params / 1e6:.1f}M non-embedding "
+            f"parameters): {where} the band"
+            + (
+                ""
+                if where == "inside"
+                else ", so a val loss outside it may be what these tokens buy, not a fault of the run"
+            )
+        )
     return out

@@ -27,9 +27,11 @@ def transformers_hint(torch_version: str) -> str | None:
     m = re.match(r"(\d+)\.(\d+)", torch_version)
     if m is None or (int(m.group(1)), int(m.group(2))) >= (2, 6):
         return None
-    return (f"torch {torch_version} is older than 2.6, which transformers 5.x requires: load the export with "
-            f"{TRANSFORMERS_FOR_TORCH25!r} (pip install 'x1_pretrain[hf-torch25]', or pip install "
-            f"'{TRANSFORMERS_FOR_TORCH25}'); lm-eval-harness 0.4.x runs on it")
+    return (
+        f"torch {torch_version} is older than 2.6, which transformers 5.x requires: load the export with "
+        f"{TRANSFORMERS_FOR_TORCH25!r} (pip install 'x1_pretrain[hf-torch25]', or pip install "
+        f"'{TRANSFORMERS_FOR_TORCH25}'); lm-eval-harness 0.4.x runs on it"
+    )
 
 
 def generation_config(eos_id: int) -> dict[str, Any]:
@@ -52,12 +54,20 @@ def _check_output(output: Path, overwrite: bool) -> None:
     if output.exists() and not output.is_dir():
         raise X1Error(f"--output {output}: exists and is not a directory; choose a new folder name")
     if output.is_dir() and any(output.iterdir()) and not overwrite:
-        raise X1Error(f"--output {output}: already exists and is not empty; pass --overwrite to replace it, "
-                      "or choose a new folder")
+        raise X1Error(
+            f"--output {output}: already exists and is not empty; pass --overwrite to replace it, "
+            "or choose a new folder"
+        )
 
 
-def export(src: Source, output: Path, tokenizer_file: str | None = None, with_tokenizer: bool = True,
-           overwrite: bool = False, log: Any = print) -> dict[str, Any]:
+def export(
+    src: Source,
+    output: Path,
+    tokenizer_file: str | None = None,
+    with_tokenizer: bool = True,
+    overwrite: bool = False,
+    log: Any = print,
+) -> dict[str, Any]:
     """Write the folder; returns the provenance record written as ``x1_export.json``."""
     from ..model.transformer import state_dict_for_saving
 
@@ -102,8 +112,10 @@ def _tokenizer(tmp: Path, src: Source, tokenizer_file: str | None, wanted: bool,
     from ..data.tokenizer import GPT2_VOCAB_SIZE, load_gpt2
 
     if src.model.vocab_size != GPT2_VOCAB_SIZE:
-        note = (f"not written: model.vocab_size is {src.model.vocab_size}, not GPT-2's {GPT2_VOCAB_SIZE}, so "
-                "GPT-2's tokenizer files would not match the embedding")
+        note = (
+            f"not written: model.vocab_size is {src.model.vocab_size}, not GPT-2's {GPT2_VOCAB_SIZE}, so "
+            "GPT-2's tokenizer files would not match the embedding"
+        )
         log(f"warning: tokenizer {note}")
         return note
     try:
@@ -113,8 +125,10 @@ def _tokenizer(tmp: Path, src: Source, tokenizer_file: str | None, wanted: bool,
         for name in ("vocab.json", "merges.txt", "tokenizer_config.json", "special_tokens_map.json"):
             (tmp / name).unlink(missing_ok=True)
         first = str(e).splitlines()[0]
-        log(f"warning: the model was exported WITHOUT tokenizer files ({first}). Run "
+        log(
+            f"warning: the model was exported WITHOUT tokenizer files ({first}). Run "
             "`python -m x1_pretrain.tokenizer fetch` (or pass --tokenizer-file) and export again, or load "
-            "the tokenizer with AutoTokenizer.from_pretrained('openai-community/gpt2'), which is the same BPE")
+            "the tokenizer with AutoTokenizer.from_pretrained('openai-community/gpt2'), which is the same BPE"
+        )
         return f"not written: {first}"
     return f"GPT-2 BPE from {tok.source}: {', '.join(names)}"

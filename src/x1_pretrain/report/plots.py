@@ -37,8 +37,9 @@ def _no_data(ax: Any, what: str) -> None:
     ax.text(0.5, 0.5, f"no {what} logged", ha="center", va="center", transform=ax.transAxes, fontsize=12)
 
 
-def loss_curve(train: list[MetricPoint], val: list[MetricPoint], path: Path, title: str,
-               band: tuple[float, float] | None = None) -> None:
+def loss_curve(
+    train: list[MetricPoint], val: list[MetricPoint], path: Path, title: str, band: tuple[float, float] | None = None
+) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=SIZE_IN)
     if train:
@@ -46,8 +47,14 @@ def loss_curve(train: list[MetricPoint], val: list[MetricPoint], path: Path, tit
     if val:
         ax.plot(*_xy(val), label="val loss", color="tab:orange", marker="o", markersize=4, linewidth=1.5)
         last = val[-1]
-        ax.annotate(f"final val {last.value:.3f}", (last.step, last.value), textcoords="offset points",
-                    xytext=(-10, 12), ha="right", fontsize=9)
+        ax.annotate(
+            f"final val {last.value:.3f}",
+            (last.step, last.value),
+            textcoords="offset points",
+            xytext=(-10, 12),
+            ha="right",
+            fontsize=9,
+        )
     if band is not None:
         ax.axhspan(band[0], band[1], color="tab:green", alpha=0.12, label=f"lab DoD band [{band[0]}, {band[1]}]")
     if not (train or val):
@@ -58,8 +65,9 @@ def loss_curve(train: list[MetricPoint], val: list[MetricPoint], path: Path, tit
     _save(fig, path)
 
 
-def gradnorm_curve(grad: list[MetricPoint], param: list[MetricPoint], path: Path, title: str,
-                   clip: float | None = None) -> None:
+def gradnorm_curve(
+    grad: list[MetricPoint], param: list[MetricPoint], path: Path, title: str, clip: float | None = None
+) -> None:
     plt = _pyplot()
     fig, (top, bottom) = plt.subplots(2, 1, figsize=SIZE_IN, sharex=True)
     if grad:
@@ -94,17 +102,37 @@ def throughput(tps: list[MetricPoint], restarts: list[MetricPoint], start_ms: in
         return (p.timestamp_ms - start_ms) / per_ms
 
     if tps:
-        ax.plot([at(p) for p in tps], [p.value / 1e3 for p in tps], color="tab:blue", linewidth=1.0,
-                marker="." if len(tps) < 200 else None, label="tokens/s (mean over the recent steps)")
+        ax.plot(
+            [at(p) for p in tps],
+            [p.value / 1e3 for p in tps],
+            color="tab:blue",
+            linewidth=1.0,
+            marker="." if len(tps) < 200 else None,
+            label="tokens/s (mean over the recent steps)",
+        )
     else:
         _no_data(ax, "throughput")
     for i, r in enumerate(restarts):
-        ax.axvline(at(r), color="tab:red", linestyle="--", linewidth=1.2,
-                   label="restart (resumed from a checkpoint)" if i == 0 else None)
-        ax.annotate(f"restart at step {r.step}", (at(r), 0.02), xycoords=("data", "axes fraction"),
-                    rotation=90, fontsize=8, color="tab:red", ha="right", va="bottom")
-    ax.set(title=title, xlabel=f"wall-clock time since the run started ({unit})",
-           ylabel="throughput (thousand tokens/s)")
+        ax.axvline(
+            at(r),
+            color="tab:red",
+            linestyle="--",
+            linewidth=1.2,
+            label="restart (resumed from a checkpoint)" if i == 0 else None,
+        )
+        ax.annotate(
+            f"restart at step {r.step}",
+            (at(r), 0.02),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            fontsize=8,
+            color="tab:red",
+            ha="right",
+            va="bottom",
+        )
+    ax.set(
+        title=title, xlabel=f"wall-clock time since the run started ({unit})", ylabel="throughput (thousand tokens/s)"
+    )
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     if tps or restarts:

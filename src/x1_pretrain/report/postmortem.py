@@ -19,14 +19,14 @@ from ..core.fileio import write_text_atomic
 from ..training.spike import SpikeDetector
 from . import runs
 
-BEFORE = 20          # steps before the spike whose logged losses make its baseline trend
-SHOW_BEFORE = 5      # rows of the timeline before the spike
+BEFORE = 20  # steps before the spike whose logged losses make its baseline trend
+SHOW_BEFORE = 5  # rows of the timeline before the spike
 
 
 @dataclass(frozen=True)
 class Spike:
-    kind: str                     # "injected" or "natural"
-    source: str                   # how it was found
+    kind: str  # "injected" or "natural"
+    source: str  # how it was found
     first: int
     last: int
     steps: tuple[int, ...]
@@ -53,16 +53,18 @@ def spike_thresholds(params: dict[str, str]) -> SpikeConfig:
         kw[name] = float(params.get(f"spike.{name}", getattr(defaults, name)))
     kw["grad_window"] = int(params.get("spike.grad_window", defaults.grad_window))
     # runs logged before the rename have spike.warmup_steps
-    kw["baseline_steps"] = int(params.get("spike.baseline_steps", params.get("spike.warmup_steps",
-                                                                              defaults.baseline_steps)))
+    kw["baseline_steps"] = int(
+        params.get("spike.baseline_steps", params.get("spike.warmup_steps", defaults.baseline_steps))
+    )
     return SpikeConfig(**kw)
 
 
 def find_spike(points: list[runs.MetricPoint], thresholds: SpikeConfig, grad_clip: float) -> Spike | None:
     injected = sorted(s for s, v in _series(points, N.SPIKE_INJECTED).items() if v > 0)
     if injected:
-        return Spike("injected", "spike/injected metric (--inject-spike-at-step)", injected[0], injected[-1],
-                     tuple(injected))
+        return Spike(
+            "injected", "spike/injected metric (--inject-spike-at-step)", injected[0], injected[-1], tuple(injected)
+        )
     detected = sorted(s for s, v in _series(points, N.SPIKE_DETECTED).items() if v > 0)
     if detected:
         first = _clusters(detected)[0]
@@ -73,8 +75,13 @@ def find_spike(points: list[runs.MetricPoint], thresholds: SpikeConfig, grad_cli
     found = [s for s in sorted(loss) if det.observe(s, loss[s], grad.get(s, 0.0), grad_clip)]
     if found:
         first = _clusters(found)[0]
-        return Spike("natural", "the detector re-run over the logged train/loss (it flagged nothing live)",
-                     first[0], first[-1], tuple(first))
+        return Spike(
+            "natural",
+            "the detector re-run over the logged train/loss (it flagged nothing live)",
+            first[0],
+            first[-1],
+            tuple(first),
+        )
     return None
 
 
@@ -96,11 +103,13 @@ class Analysis:
 def analyse(spike: Spike, loss: dict[int, float], grad: dict[int, float], grad_clip: float) -> Analysis:
     logged = [s for s in sorted(loss) if s < spike.first]
     before = [s for s in logged if s >= spike.first - BEFORE]
-    if len(before) < 3:   # sparse logging: fall back to the last few logged steps
+    if len(before) < 3:  # sparse logging: fall back to the last few logged steps
         before = logged[-5:]
     if len(before) < 2:
-        raise X1Error(f"the spike at step {spike.first} has fewer than 2 logged steps before it; "
-                      "there is no baseline to compare with")
+        raise X1Error(
+            f"the spike at step {spike.first} has fewer than 2 logged steps before it; "
+            "there is no baseline to compare with"
+        )
     # The pre-spike trend: a straight line through those losses, read off just before the spike.
     xs, ys = [float(s) for s in before], [loss[s] for s in before]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
@@ -117,21 +126,40 @@ def analyse(spike: Spike, loss: dict[int, float], grad: dict[int, float], grad_c
     spike_logged = [s for s in spike.steps if s in grad]
     clipped = sum(1 for s in spike_logged if grad_clip > 0 and grad[s] > grad_clip)
     recovered = next((s for s in sorted(loss) if s > spike.last and loss[s] <= base + margin), None)
-    return Analysis(base, std, base_grad, margin, loss[peak_loss_step], peak_loss_step,
-                    grad.get(peak_grad_step, math.nan), peak_grad_step, clipped, len(spike_logged), recovered)
+    return Analysis(
+        base,
+        std,
+        base_grad,
+        margin,
+        loss[peak_loss_step],
+        peak_loss_step,
+        grad.get(peak_grad_step, math.nan),
+        peak_grad_step,
+        clipped,
+        len(spike_logged),
+        recovered,
+    )
 
 
 def _fmt(v: float | None, digits: int = 4) -> str:
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
 
-def render(run: runs.RunRecord, spike: Spike, a: Analysis, points: list[runs.MetricPoint], grad_clip: float,
-           thresholds: SpikeConfig, plot_name: str) -> str:
+def render(
+    run: runs.RunRecord,
+    spike: Spike,
+    a: Analysis,
+    points: list[runs.MetricPoint],
+    grad_clip: float,
+    thresholds: SpikeConfig,
+    plot_name: str,
+) -> str:
     loss, grad = _series(points, N.TRAIN_LOSS), _series(points, N.TRAIN_GRAD_NORM)
     val, lr = _series(points, N.VAL_LOSS), _series(points, N.TRAIN_LR)
     end = (a.recovered_at or spike.last + 20) + 3
-    rows = [s for s in sorted(loss) if s < spike.first][-SHOW_BEFORE:] + \
-        [s for s in sorted(loss) if spike.first <= s <= end]
+    rows = [s for s in sorted(loss) if s < spike.first][-SHOW_BEFORE:] + [
+        s for s in sorted(loss) if spike.first <= s <= end
+    ]
     beta2 = run.params.get("optim.beta2", "?")
     lines = [
         f"# Loss-spike post-mortem: run `{run.run_name}`",
@@ -141,12 +169,17 @@ def render(run: runs.RunRecord, spike: Spike, a: Analysis, points: list[runs.Met
         f"{spike.source}.",
     ]
     if spike.kind == "injected":
-        lines.append(f"- Injected with `--inject-spike-at-step {run.tags.get(N.TAG_SPIKE_INJECT_AT_STEP, spike.first)} "
-                     f"--spike-batches {run.tags.get(N.TAG_SPIKE_BATCHES, len(spike.steps))}`: rare-token batches "
-                     "(the bottom 1% of the train split's unigram distribution, weighted towards the rarest).")
-    rec = (f"step {a.recovered_at}, {a.recovered_at - spike.last} steps after the last spike step "
-           f"({a.recovered_at - spike.first} after the first)" if a.recovered_at is not None
-           else "not within the logged steps")
+        lines.append(
+            f"- Injected with `--inject-spike-at-step {run.tags.get(N.TAG_SPIKE_INJECT_AT_STEP, spike.first)} "
+            f"--spike-batches {run.tags.get(N.TAG_SPIKE_BATCHES, len(spike.steps))}`: rare-token batches "
+            "(the bottom 1% of the train split's unigram distribution, weighted towards the rarest)."
+        )
+    rec = (
+        f"step {a.recovered_at}, {a.recovered_at - spike.last} steps after the last spike step "
+        f"({a.recovered_at - spike.first} after the first)"
+        if a.recovered_at is not None
+        else "not within the logged steps"
+    )
     ratio_g = a.peak_grad / a.baseline_grad if a.baseline_grad and not math.isnan(a.baseline_grad) else math.nan
     lines += [
         "",
@@ -175,20 +208,27 @@ def render(run: runs.RunRecord, spike: Spike, a: Analysis, points: list[runs.Met
     for s in rows:
         g = grad.get(s)
         ratio = min(1.0, grad_clip / g) if g and grad_clip > 0 else None
-        note = "injected" if spike.kind == "injected" and s in spike.steps else \
-            ("spike" if s in spike.steps else ("recovered" if s == a.recovered_at else ""))
-        lines.append(f"| {s} | {_fmt(loss.get(s))} | {_fmt(val.get(s))} | {_fmt(g, 3)} | {_fmt(ratio, 3)} | "
-                     f"{_fmt(lr.get(s), 6) if s in lr else '—'} | {note} |")
+        note = (
+            "injected"
+            if spike.kind == "injected" and s in spike.steps
+            else ("spike" if s in spike.steps else ("recovered" if s == a.recovered_at else ""))
+        )
+        lines.append(
+            f"| {s} | {_fmt(loss.get(s))} | {_fmt(val.get(s))} | {_fmt(g, 3)} | {_fmt(ratio, 3)} | "
+            f"{_fmt(lr.get(s), 6) if s in lr else '—'} | {note} |"
+        )
     lines += [
         "",
         "## Root cause",
         "",
-        "> **TO BE WRITTEN BY YOU.** " + (
+        "> **TO BE WRITTEN BY YOU.** "
+        + (
             "The spike was provoked on purpose; say whether the run absorbed it as expected (clipping engaged on "
             f"{a.clipped_steps} steps, β₂ = {beta2}) and what the recovery time tells you about the optimizer state."
-            if spike.kind == "injected" else
-            "What in the data (look at the batches of these steps: `Sampler.starts(step, chunk)` gives their "
-            "token offsets), the learning rate or the precision explains it?"),
+            if spike.kind == "injected"
+            else "What in the data (look at the batches of these steps: `Sampler.starts(step, chunk)` gives their "
+            "token offsets), the learning rate or the precision explains it?"
+        ),
         "",
         "## Lessons",
         "",
@@ -226,8 +266,13 @@ def plot(spike: Spike, a: Analysis, points: list[runs.MetricPoint], grad_clip: f
     if grad_clip > 0:
         ax2.axhline(grad_clip, color="black", linestyle=":", linewidth=1, label=f"clip at {grad_clip:g}")
     for ax in (ax1, ax2):
-        ax.axvspan(spike.first - 0.5, spike.last + 0.5, color="tab:orange", alpha=0.2,
-                   label=f"{spike.kind} spike" if ax is ax1 else None)
+        ax.axvspan(
+            spike.first - 0.5,
+            spike.last + 0.5,
+            color="tab:orange",
+            alpha=0.2,
+            label=f"{spike.kind} spike" if ax is ax1 else None,
+        )
         if a.recovered_at is not None:
             ax.axvline(a.recovered_at, color="tab:green", linewidth=1, label="recovered" if ax is ax1 else None)
         ax.grid(alpha=0.3)
@@ -251,17 +296,20 @@ def write_postmortem(uri: str, run_id: str | None, experiment: str, output: Path
         raise X1Error(f"run {run.run_id} has no train/loss metric; nothing to analyse")
     spike = find_spike(points, thresholds, grad_clip)
     if spike is None:
-        raise NoSpike(f"no spike found in run {run.run_id}: no injected steps, no steps flagged by the detector, "
-                      f"and none in the logged losses with loss_sigma {thresholds.loss_sigma:g}, min_loss_jump "
-                      f"{thresholds.min_loss_jump:g} nats, grad_factor {thresholds.grad_factor:g} (grad_window "
-                      f"{thresholds.grad_window}, warm-up {thresholds.baseline_steps} steps)")
+        raise NoSpike(
+            f"no spike found in run {run.run_id}: no injected steps, no steps flagged by the detector, "
+            f"and none in the logged losses with loss_sigma {thresholds.loss_sigma:g}, min_loss_jump "
+            f"{thresholds.min_loss_jump:g} nats, grad_factor {thresholds.grad_factor:g} (grad_window "
+            f"{thresholds.grad_window}, warm-up {thresholds.baseline_steps} steps)"
+        )
     a = analyse(spike, _series(points, N.TRAIN_LOSS), _series(points, N.TRAIN_GRAD_NORM), grad_clip)
     output.parent.mkdir(parents=True, exist_ok=True)
     png = output.with_name("spike.png")
     tmp_png = png.with_name(f".{png.name}.tmp-{os.getpid()}.png")
-    plot(spike, a, points, grad_clip, tmp_png, f"{spike.kind} loss spike at step {spike.first} "
-         f"(run {run.run_name})")
+    plot(spike, a, points, grad_clip, tmp_png, f"{spike.kind} loss spike at step {spike.first} (run {run.run_name})")
     os.replace(tmp_png, png)
     write_text_atomic(output, render(run, spike, a, points, grad_clip, thresholds, png.name))
-    return (f"{spike.kind} spike at steps {spike.first}-{spike.last}: peak loss {a.peak_loss:.3f} vs "
-            f"baseline {a.baseline:.3f}; recovered at step {a.recovered_at}; wrote {output} and {png}")
+    return (
+        f"{spike.kind} spike at steps {spike.first}-{spike.last}: peak loss {a.peak_loss:.3f} vs "
+        f"baseline {a.baseline:.3f}; recovered at step {a.recovered_at}; wrote {output} and {png}"
+    )

@@ -33,7 +33,7 @@ class StoreUnreadable(X1Error):
 
 @dataclass
 class RunRecord:
-    uri: str          # the store as it may be shown: userinfo and query values masked (redact.url)
+    uri: str  # the store as it may be shown: userinfo and query values masked (redact.url)
     run_id: str
     experiment_id: str
     experiment_name: str
@@ -57,17 +57,21 @@ def store_uri(uri: str) -> str:
     A local store that does not exist is an error rather than a silently created empty store.
     """
     if uri.startswith("file:") or "://" not in uri:
-        path = Path(uri[len("file://"):] if uri.startswith("file://") else uri.removeprefix("file:"))
+        path = Path(uri[len("file://") :] if uri.startswith("file://") else uri.removeprefix("file:"))
         if not path.is_dir():
-            raise X1Error(f"--mlflow-uri {redact.url(uri)}: {path} is not a directory; give the store the trainer "
-                          "logged to (its --mlflow-uri, e.g. file:///workspace/mlruns)")
+            raise X1Error(
+                f"--mlflow-uri {redact.url(uri)}: {path} is not a directory; give the store the trainer "
+                "logged to (its --mlflow-uri, e.g. file:///workspace/mlruns)"
+            )
         os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
         return path.resolve().as_uri()
     if uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///"):])
+        path = Path(uri[len("sqlite:///") :])
         if not path.is_file():
-            raise X1Error(f"--mlflow-uri {redact.url(uri)}: {path} does not exist; the trainer's default store is "
-                          "sqlite:///<ckpt-dir>/mlflow.db")
+            raise X1Error(
+                f"--mlflow-uri {redact.url(uri)}: {path} does not exist; the trainer's default store is "
+                "sqlite:///<ckpt-dir>/mlflow.db"
+            )
         return uri
     if uri.startswith(("http://", "https://", "postgresql", "mysql", "databricks")):
         return uri
@@ -88,8 +92,10 @@ def _pick_run(client: Any, uri: str, run_id: str | None, experiment: str) -> Any
         try:
             return client.get_run(run_id)
         except Exception as e:
-            raise X1Error(f"--run-id {run_id}: no such run in {uri} ({type(e).__name__}); list the runs with "
-                          f"the MLflow UI or omit --run-id to take the latest finished run") from None
+            raise X1Error(
+                f"--run-id {run_id}: no such run in {uri} ({type(e).__name__}); list the runs with "
+                f"the MLflow UI or omit --run-id to take the latest finished run"
+            ) from None
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         names = [e.name for e in client.search_experiments()]
@@ -98,8 +104,10 @@ def _pick_run(client: Any, uri: str, run_id: str | None, experiment: str) -> Any
     finished = [r for r in runs if r.info.status == "FINISHED"]
     if not finished:
         seen = ", ".join(f"{r.info.run_id} ({r.info.status})" for r in runs[:5]) or "no runs at all"
-        raise X1Error(f"experiment {experiment!r} in {uri} has no finished run ({seen}); "
-                      "pass --run-id ID to export a particular run")
+        raise X1Error(
+            f"experiment {experiment!r} in {uri} has no finished run ({seen}); "
+            "pass --run-id ID to export a particular run"
+        )
     return finished[0]
 
 
@@ -118,13 +126,25 @@ def load_run(uri: str, run_id: str | None = None, experiment: str = EXPERIMENT) 
                 points.append(MetricPoint(name, int(m.step), float(m.value), int(m.timestamp)))
     except X1Error:
         raise
-    except Exception as e:   # MLflow's messages carry the request URL, userinfo included
+    except Exception as e:  # MLflow's messages carry the request URL, userinfo included
         why = redact.scrub(f"{type(e).__name__}: {e}", uri)[:300]
-        raise StoreUnreadable(f"--mlflow-uri {shown} could not be read ({why}); check the address and the "
-                              "credentials (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)") from None
-    return RunRecord(uri=shown, run_id=info.run_id, experiment_id=info.experiment_id, experiment_name=exp.name,
-                     run_name=info.run_name or "", status=info.status, start_ms=info.start_time,
-                     end_ms=info.end_time, params=dict(run.data.params), tags=dict(run.data.tags), metrics=points)
+        raise StoreUnreadable(
+            f"--mlflow-uri {shown} could not be read ({why}); check the address and the "
+            "credentials (MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)"
+        ) from None
+    return RunRecord(
+        uri=shown,
+        run_id=info.run_id,
+        experiment_id=info.experiment_id,
+        experiment_name=exp.name,
+        run_name=info.run_name or "",
+        status=info.status,
+        start_ms=info.start_time,
+        end_ms=info.end_time,
+        params=dict(run.data.params),
+        tags=dict(run.data.tags),
+        metrics=points,
+    )
 
 
 def dedupe(points: list[MetricPoint]) -> tuple[list[MetricPoint], int]:

@@ -53,9 +53,11 @@ class BudgetSetup:
     force_launch: bool = False
 
     def tags(self) -> dict[str, Any]:
-        tags: dict[str, Any] = {N.TAG_BUDGET_CAP_USD: self.limits.cap_usd,
-                                N.TAG_BUDGET_ALERT_USD: self.limits.alert_usd,
-                                N.TAG_BUDGET_CURR_COST_URI: redact.url(self.curr_cost_uri)}
+        tags: dict[str, Any] = {
+            N.TAG_BUDGET_CAP_USD: self.limits.cap_usd,
+            N.TAG_BUDGET_ALERT_USD: self.limits.alert_usd,
+            N.TAG_BUDGET_CURR_COST_URI: redact.url(self.curr_cost_uri),
+        }
         if self.force_launch:
             tags[N.TAG_FORCE_LAUNCH] = "true"
         return tags
@@ -65,34 +67,42 @@ class BudgetSetup:
 class FitContext:
     """What ``budget.fit`` (``--budget-fit``) needs besides the money: the bound, the schedule and the clock."""
 
-    total_steps: int                  # the upper bound (--total-steps)
+    total_steps: int  # the upper bound (--total-steps)
     optim: OptimConfig
-    expected_step_s: float | None     # until the speed is measured (--budget-expected-step-s, or the GPU peak)
-    max_hours: float | None = None    # the run's wall-clock window, from its first start (downtime included)
-    first_start_estimate_unix: float = field(default_factory=time.time)   # used when the ledger has no record
+    expected_step_s: float | None  # until the speed is measured (--budget-expected-step-s, or the GPU peak)
+    max_hours: float | None = None  # the run's wall-clock window, from its first start (downtime included)
+    first_start_estimate_unix: float = field(default_factory=time.time)  # used when the ledger has no record
 
 
 class BudgetControl(Callback):
     """The guard of one trainer process; ``after_step`` is what the loop sees after each step."""
 
-    def __init__(self, setup: BudgetSetup, ckpt_dir: Path, log: Log, metrics: Any,
-                 fallback: dict[str, Any] | None = None, fit: FitContext | None = None,
-                 evals: Callable[[], EvalCost] | None = None) -> None:
+    def __init__(
+        self,
+        setup: BudgetSetup,
+        ckpt_dir: Path,
+        log: Log,
+        metrics: Any,
+        fallback: dict[str, Any] | None = None,
+        fit: FitContext | None = None,
+        evals: Callable[[], EvalCost] | None = None,
+    ) -> None:
         self.setup, self.ckpt_dir, self.log = setup, ckpt_dir, log
-        self.evals = evals    # the task evaluation's cost so far (training/task_eval.py), when one is configured
+        self.evals = evals  # the task evaluation's cost so far (training/task_eval.py), when one is configured
         self.fit, self.metrics = fit, metrics
-        self.horizon: Horizon | None = None     # the loop's, as of the last step
+        self.horizon: Horizon | None = None  # the loop's, as of the last step
         self.proposed_end: int = 0
-        self._fitted: int | None = None           # the end last proposed (to log changes only)
+        self._fitted: int | None = None  # the end last proposed (to log changes only)
         self.ledger = Ledger(ckpt_dir, setup.limits.cap_usd, log)
         effects = Effects(send_alert=self._send, log=log, metrics=metrics)
-        self.monitor = BudgetMonitor(setup.curr_cost_uri, setup.limits, effects, self.ledger, fallback,
-                                     fit_mode=fit is not None)
+        self.monitor = BudgetMonitor(
+            setup.curr_cost_uri, setup.limits, effects, self.ledger, fallback, fit_mode=fit is not None
+        )
         self.watcher = BudgetWatcher(self.monitor.check, self.on_verdict, setup.cfg.check_every_min * 60, log)
         # budget.max_hours counts from the run's first start, kept in the ledger across restarts and machines
         self.run_started_unix = self.ledger.run_started(fit.first_start_estimate_unix) if fit else time.time()
         self.request: tuple[int, str] | None = None
-        self._replanned = False   # the check at this process's first measured speed (another GPU, another price)
+        self._replanned = False  # the check at this process's first measured speed (another GPU, another price)
         self._timer: threading.Timer | None = None
         self._exit = os._exit  # replaced in tests that must not end the test process
 
@@ -125,16 +135,21 @@ class BudgetControl(Callback):
             return
         self.request = (EXIT_BUDGET_CHECKPOINT, f"budget: {reason}")
         wait = self.setup.cfg.stop_wait_s
-        self.log(f"{reason}: stopping at the next step boundary with a checkpoint (exit 3 if one comes within "
-                 f"{wait:g} s)")
+        self.log(
+            f"{reason}: stopping at the next step boundary with a checkpoint (exit 3 if one comes within {wait:g} s)"
+        )
         self._timer = threading.Timer(wait, self._no_boundary, args=(reason, wait))
         self._timer.daemon = True
         self._timer.start()
 
     def _no_boundary(self, reason: str, wait: float) -> None:
         last = self.monitor.last
-        self.exit_now(EXIT_BUDGET_NOW, f"budget: {reason}; no step boundary came within {wait:g} s (a hung step, "
-                      "compile or collective?), so no checkpoint was written", last.spent_usd if last else None)
+        self.exit_now(
+            EXIT_BUDGET_NOW,
+            f"budget: {reason}; no step boundary came within {wait:g} s (a hung step, "
+            "compile or collective?), so no checkpoint was written",
+            last.spent_usd if last else None,
+        )
 
     def _refit(self, decision: Decision) -> None:
         """budget.fit: move the end to what the money and the time still pay for."""
@@ -142,8 +157,8 @@ class BudgetControl(Callback):
         assert fit is not None
         progress = m.progress()
         if m.steps_per_hour:
-            step_s = 3600 / m.steps_per_hour     # the task evaluations' share included
-        elif fit.expected_step_s is not None:    # not measured yet: the expected step, the evaluations estimated
+            step_s = 3600 / m.steps_per_hour  # the task evaluations' share included
+        elif fit.expected_step_s is not None:  # not measured yet: the expected step, the evaluations estimated
             step_s = fit.expected_step_s + m.evals.per_step_s(fit.expected_step_s)
             progress = replace(progress, final_eval_s=m.evals.final_s(fit.expected_step_s))
         else:
@@ -159,20 +174,29 @@ class BudgetControl(Callback):
         end = fitted_end(m.steps_done, n, fit.total_steps)
         if end is None:
             left = max(self.setup.limits.cap_usd - decision.spent_usd, 0.0)
-            self._ask_to_stop(f"not even one more step fits (${left:.2f} left at ${money.rate_usd_per_hr:.2f}/h, "
-                              f"{step_s:.2f} s a step, reserve {money.reserve_min:g} min)")
+            self._ask_to_stop(
+                f"not even one more step fits (${left:.2f} left at ${money.rate_usd_per_hr:.2f}/h, "
+                f"{step_s:.2f} s a step, reserve {money.reserve_min:g} min)"
+            )
             return
         base = self.horizon or planned(fit.total_steps, fit.optim)
         preview = retarget(base, m.steps_done, end, fit.optim) if end != base.end_step else base
         if preview.end_step != self._fitted:
             was = self._fitted or base.end_step
-            self.log(f"budget fit: the run ends at step {preview.end_step} (was {was}), the decay "
-                     f"{'continues' if base.decaying(m.steps_done) else 'starts at step ' + str(preview.decay_start)}"
-                     f"; spent ${decision.spent_usd:.2f} of ${self.setup.limits.cap_usd:.2f} at "
-                     f"${money.rate_usd_per_hr:.2f}/h, {step_s:.2f} s a step")
+            self.log(
+                f"budget fit: the run ends at step {preview.end_step} (was {was}), the decay "
+                f"{'continues' if base.decaying(m.steps_done) else 'starts at step ' + str(preview.decay_start)}"
+                f"; spent ${decision.spent_usd:.2f} of ${self.setup.limits.cap_usd:.2f} at "
+                f"${money.rate_usd_per_hr:.2f}/h, {step_s:.2f} s a step"
+            )
         if self.metrics is not None:
-            self.metrics(m.steps_done, {N.BUDGET_PLANNED_END_STEP: float(preview.end_step),
-                                        N.BUDGET_DECAY_START_STEP: float(preview.decay_start)})
+            self.metrics(
+                m.steps_done,
+                {
+                    N.BUDGET_PLANNED_END_STEP: float(preview.end_step),
+                    N.BUDGET_DECAY_START_STEP: float(preview.decay_start),
+                },
+            )
         self.proposed_end = self._fitted = preview.end_step
 
     def exit_now(self, code: int, reason: str, spent: float | None) -> None:
@@ -196,10 +220,12 @@ class BudgetControl(Callback):
         self.horizon = run.horizon
         self.monitor.note_step(state.step, run.end_step, ckpt_s, self.evals() if self.evals else None)
         if not self._replanned and self.monitor.train_step_s is not None:
-            self._replanned = True   # this machine's speed, and the price the next check reads: plan with them now
-            self.log(f"budget: {self.monitor.train_step_s:.2f} s a step measured after the warm-up on this machine: "
-                     f"checking the plan with it and the current rate now, not in "
-                     f"{self.setup.cfg.check_every_min:g} min")
+            self._replanned = True  # this machine's speed, and the price the next check reads: plan with them now
+            self.log(
+                f"budget: {self.monitor.train_step_s:.2f} s a step measured after the warm-up on this machine: "
+                f"checking the plan with it and the current rate now, not in "
+                f"{self.setup.cfg.check_every_min:g} min"
+            )
             self.watcher.wake()
         if self.proposed_end:
             run.proposed_end, self.proposed_end = self.proposed_end, 0
@@ -208,7 +234,7 @@ class BudgetControl(Callback):
         if self._timer is not None:
             self._timer.cancel()  # the boundary came: the checkpoint will be written
         code, reason = self.request
-        if state.step >= run.end_step:   # the stop came with the last step: nothing is cut, the run finishes
+        if state.step >= run.end_step:  # the stop came with the last step: nothing is cut, the run finishes
             self.log(f"{reason}: the run is at its last step ({state.step}) already, so it finishes normally")
             self.request = None
             return None

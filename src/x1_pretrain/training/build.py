@@ -70,11 +70,11 @@ class Context:
     log: Log
     stop: StopFlag
     started_unix: float
-    guard: Any = None             # training.budget_control.BudgetSetup when a cap is set (rank 0 only), else None
-    deadline: Any = None          # signals.StopDeadline: what is left of --stop-grace-s after a stop request
-    on_built: Callable[[Any], None] | None = None   # told the Built once it is ready (the stop deadline's view)
-    mirror: Any = None            # training.mirror.Mirror with --ckpt-remote (rank 0 only), else None
-    mlflow_store: Any = None      # training.mirror.MlflowStore on this disk (the mirror copies it), else None
+    guard: Any = None  # training.budget_control.BudgetSetup when a cap is set (rank 0 only), else None
+    deadline: Any = None  # signals.StopDeadline: what is left of --stop-grace-s after a stop request
+    on_built: Callable[[Any], None] | None = None  # told the Built once it is ready (the stop deadline's view)
+    mirror: Any = None  # training.mirror.Mirror with --ckpt-remote (rank 0 only), else None
+    mlflow_store: Any = None  # training.mirror.MlflowStore on this disk (the mirror copies it), else None
 
     @property
     def ckpt_dir(self) -> Path:
@@ -110,8 +110,9 @@ def _open_store(ctx: Context) -> tuple[TokenData, str, str | None]:
     except ValueError as e:
         raise X1Error(str(e)) from None
     except OSError as e:
-        raise X1Error(f"--ckpt-dir {ctx.ckpt_dir} cannot be created or written ({e.strerror}); choose a writable "
-                      "directory") from None
+        raise X1Error(
+            f"--ckpt-dir {ctx.ckpt_dir} cannot be created or written ({e.strerror}); choose a writable directory"
+        ) from None
     return data, uri, artifact_location
 
 
@@ -134,10 +135,13 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
         state = restore(resume.found, model, optimizer, device)
         log(f"resuming from {resume.found.path} at step {state.step} ({state.tokens_seen:,} tokens seen)")
     dev_name = run_tags_device(device)
-    log(f"config {ctx.opts.config} sha256 {cfg.sha256()[:12]} | device {dev_name} | "
-        f"attention {'flash-attn' if use_flash else 'SDPA'} | precision {cfg.train.precision}")
-    for line in flops.describe(cfg.model, dev_name if device.type == "cuda" else None,
-                               ctx.opts.peak_tflops).splitlines():
+    log(
+        f"config {ctx.opts.config} sha256 {cfg.sha256()[:12]} | device {dev_name} | "
+        f"attention {'flash-attn' if use_flash else 'SDPA'} | precision {cfg.train.precision}"
+    )
+    for line in flops.describe(
+        cfg.model, dev_name if device.type == "cuda" else None, ctx.opts.peak_tflops
+    ).splitlines():
         log(line)
     forward: Any = model
     if ctx.world.size > 1:
@@ -146,7 +150,8 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             forward = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False)
+                model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+            )
     return model, forward, optimizer, state
 
 
@@ -157,18 +162,20 @@ def attention_effective(model: Transformer, precision: str) -> str:
     if model.kernels.use_flash:
         return "flash-attn"
     device = next(model.parameters()).device
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32    # the autocast dtype of the forward
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32  # the autocast dtype of the forward
     return f"sdpa:{sdpa_backend(model.config, dtype, device)}"
 
 
 def kernel_tags(model: Transformer, precision: str = "fp32") -> dict[str, str]:
     """What the forward actually runs, for MLflow and the manifest (a switch can be overridden by the device)."""
     k, m = model.kernels, model.config
-    return {N.TAG_ATTENTION_EFFECTIVE: attention_effective(model, precision),
-            N.TAG_KERNELS: f"fused_loss={k.fused_loss} (chunk {k.loss_chunk_tokens}), vocab rows "
-                       f"{model.lm_head.weight.shape[0]} for {m.vocab_size}, fused_projections={m.fused_projections}, "
-                       f"residual={'bf16' if k.residual_dtype is not None else 'fp32'}, "
-                       f"deterministic={k.deterministic}"}
+    return {
+        N.TAG_ATTENTION_EFFECTIVE: attention_effective(model, precision),
+        N.TAG_KERNELS: f"fused_loss={k.fused_loss} (chunk {k.loss_chunk_tokens}), vocab rows "
+        f"{model.lm_head.weight.shape[0]} for {m.vocab_size}, fused_projections={m.fused_projections}, "
+        f"residual={'bf16' if k.residual_dtype is not None else 'fp32'}, "
+        f"deterministic={k.deterministic}",
+    }
 
 
 def run_tags_device(device: Any) -> str:
@@ -182,22 +189,35 @@ def _tracker(ctx: Context, uri: str, artifact_location: str | None, resume: Resu
     if not ctx.world.main:
         return NullTracker()
     run_name = opts.run_name or f"{Path(opts.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    tracker = MlflowTracker(uri, artifact_location, run_name, run_id=resume.state.get("mlflow_run_id"),
-                            experiment=opts.experiment)
+    tracker = MlflowTracker(
+        uri, artifact_location, run_name, run_id=resume.state.get("mlflow_run_id"), experiment=opts.experiment
+    )
     if resume.found is not None and resume.state.get("mlflow_uri") not in (None, redact.url(uri)):
-        log(f"warning: the checkpoint's MLflow store was {resume.state.get('mlflow_uri')}; logging to "
-            f"{redact.url(uri)} now")
+        log(
+            f"warning: the checkpoint's MLflow store was {resume.state.get('mlflow_uri')}; logging to "
+            f"{redact.url(uri)} now"
+        )
     if resume.found is None:
-        tracker.log_params({**C.flatten(cfg.to_dict()), "config_sha256": cfg.sha256(), "seed": cfg.train.seed,
-                            "world_size": ctx.world.size, "data_dir": str(data.directory),
-                            "tokens_per_step": cfg.tokens_per_step(),
-                            **{f"version.{k}": v for k, v in versions().items()}})
+        tracker.log_params(
+            {
+                **C.flatten(cfg.to_dict()),
+                "config_sha256": cfg.sha256(),
+                "seed": cfg.train.seed,
+                "world_size": ctx.world.size,
+                "data_dir": str(data.directory),
+                "tokens_per_step": cfg.tokens_per_step(),
+                **{f"version.{k}": v for k, v in versions().items()},
+            }
+        )
         cfg_file = ctx.ckpt_dir / f".resolved-config-{os.getpid()}.yaml"
         cfg_file.write_text(f"# sha256 {cfg.sha256()}\n" + C.to_yaml(cfg))
         tracker.log_artifact(cfg_file, "config")
         cfg_file.unlink(missing_ok=True)
-    tags: dict[str, Any] = {**run_tags(run_tags_device(ctx.device)), N.TAG_CONFIG_FILE: str(opts.config),
-                            N.TAG_RESTARTS: restarts()}
+    tags: dict[str, Any] = {
+        **run_tags(run_tags_device(ctx.device)),
+        N.TAG_CONFIG_FILE: str(opts.config),
+        N.TAG_RESTARTS: restarts(),
+    }
     if ctx.guard is not None:
         tags.update(ctx.guard.tags())
     if resume.changes:
@@ -208,8 +228,10 @@ def _tracker(ctx: Context, uri: str, artifact_location: str | None, resume: Resu
         again = tracker.redeliver(ctx.ckpt_dir, resume.found.step)
         if again:
             log(f"MLflow: {again:,} metrics an earlier process could not deliver are being sent again")
-    log(f"MLflow: {redact.url(uri)} run {tracker.run_id or '(pending: server unreachable)'}"
-        + (" (continued)" if resume.found is not None else ""))
+    log(
+        f"MLflow: {redact.url(uri)} run {tracker.run_id or '(pending: server unreachable)'}"
+        + (" (continued)" if resume.found is not None else "")
+    )
     return tracker
 
 
@@ -226,16 +248,27 @@ def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> Spik
         ids, probs = rare_token_distribution(counts, data.meta.get("eot_id"))
         injector = SpikeInjector(SpikeSchedule(sp.inject_at_step, sp.batches), ids, probs, cfg.train.seed)
         last = sp.inject_at_step + sp.batches - 1
-        tracker.set_tags({N.TAG_SPIKE_INJECTION: f"steps {sp.inject_at_step}..{last} "
-                          f"(--inject-spike-at-step {sp.inject_at_step} --spike-batches {sp.batches})",
-                          N.TAG_SPIKE_INJECT_AT_STEP: sp.inject_at_step, N.TAG_SPIKE_BATCHES: sp.batches})
-        log(f"spike injection planned: steps {sp.inject_at_step}..{last} on rare-token batches "
-            f"({len(ids)} rarest token types of the train split)")
+        tracker.set_tags(
+            {
+                N.TAG_SPIKE_INJECTION: f"steps {sp.inject_at_step}..{last} "
+                f"(--inject-spike-at-step {sp.inject_at_step} --spike-batches {sp.batches})",
+                N.TAG_SPIKE_INJECT_AT_STEP: sp.inject_at_step,
+                N.TAG_SPIKE_BATCHES: sp.batches,
+            }
+        )
+        log(
+            f"spike injection planned: steps {sp.inject_at_step}..{last} on rare-token batches "
+            f"({len(ids)} rarest token types of the train split)"
+        )
     sc = cfg.spike
-    watch = SpikeWatch(SpikeDetector(sc.ema_alpha, sc.baseline_steps, sc.loss_sigma, sc.min_loss_jump,
-                                     sc.grad_factor, sc.grad_window),
-                       injector, sc.skip_steps, sp.force_inject,
-                       SpikeReport(log, tracker.log_metrics, tracker.set_tags), lr_warmup_steps=cfg.optim.warmup_steps)
+    watch = SpikeWatch(
+        SpikeDetector(sc.ema_alpha, sc.baseline_steps, sc.loss_sigma, sc.min_loss_jump, sc.grad_factor, sc.grad_window),
+        injector,
+        sc.skip_steps,
+        sp.force_inject,
+        SpikeReport(log, tracker.log_metrics, tracker.set_tags),
+        lr_warmup_steps=cfg.optim.warmup_steps,
+    )
     if resume.state.get("spike"):
         watch.load_state(resume.state["spike"])
     return watch
@@ -250,30 +283,43 @@ class TrainerState:
     data: TokenData
     sampler: Sampler
     tracker: Any
-    uri: str                       # the MLflow store (redacted when written)
-    spike_watch: Any               # spike.SpikeWatch
-    monitor: Any                   # budget.monitor.BudgetMonitor, or None without a cap
-    wall_before: float             # wall clock of the run's earlier processes (the resumed checkpoint's)
+    uri: str  # the MLflow store (redacted when written)
+    spike_watch: Any  # spike.SpikeWatch
+    monitor: Any  # budget.monitor.BudgetMonitor, or None without a cap
+    wall_before: float  # wall clock of the run's earlier processes (the resumed checkpoint's)
     machine: dict[str, Any] = field(default_factory=machine)
 
     def __call__(self, run: Any, st: LoopState) -> dict[str, Any]:
         cfg = self.ctx.cfg
-        chunks = cfg.train.grad_accum_steps   # micro-batches a step over all ranks
+        chunks = cfg.train.grad_accum_steps  # micro-batches a step over all ranks
         return {
-            "step": st.step, "tokens_seen": st.tokens_seen, "train_time_s": st.train_time_s,
+            "step": st.step,
+            "tokens_seen": st.tokens_seen,
+            "train_time_s": st.train_time_s,
             "wall_clock_s": time.time() - self.ctx.started_unix + self.wall_before,
-            "last_loss": st.last_loss, "last_val_loss": st.last_val_loss,
+            "last_loss": st.last_loss,
+            "last_val_loss": st.last_val_loss,
             "rng": ck.rng_state(),
-            "data_position": {"next_step": st.step, "seed": cfg.train.seed, "chunks_per_step": chunks,
-                              "micro_batch_size": cfg.train.micro_batch_size,
-                              "epoch": self.sampler.epoch_of(st.step)},
-            "data_dir": str(self.data.directory), "data_identity": self.data.identity,
-            "config_sha256": cfg.sha256(), "config": cfg.to_dict(),
-            "mlflow_uri": redact.url(self.uri), "mlflow_run_id": self.tracker.run_id, "restarts": restarts(),
+            "data_position": {
+                "next_step": st.step,
+                "seed": cfg.train.seed,
+                "chunks_per_step": chunks,
+                "micro_batch_size": cfg.train.micro_batch_size,
+                "epoch": self.sampler.epoch_of(st.step),
+            },
+            "data_dir": str(self.data.directory),
+            "data_identity": self.data.identity,
+            "config_sha256": cfg.sha256(),
+            "config": cfg.to_dict(),
+            "mlflow_uri": redact.url(self.uri),
+            "mlflow_run_id": self.tracker.run_id,
+            "restarts": restarts(),
             "budget_guard": self.monitor.snapshot_json() if self.monitor is not None else None,
             "schedule": run.horizon.to_json() if getattr(run, "horizon", None) is not None else None,
             "spike": self.spike_watch.state() if self.spike_watch is not None else None,
-            "versions": versions(), "world_size": self.ctx.world.size, "machine": self.machine,
+            "versions": versions(),
+            "world_size": self.ctx.world.size,
+            "machine": self.machine,
             "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
 
@@ -292,35 +338,50 @@ def alert_sender(ctx: Context) -> Callable[[str, str], None] | None:
     return send
 
 
-def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resume: Resume,
-                  alert: Callable[[str, str], None] | None) -> Checkpointer | None:
+def _checkpointer(
+    ctx: Context, tracker: Any, trainer_state: TrainerState, resume: Resume, alert: Callable[[str, str], None] | None
+) -> Checkpointer | None:
     if not ctx.world.main:
         return None
 
     def on_failed(step: int, reason: str, what: str, first: bool) -> None:
         latest = ck.read_latest(ctx.ckpt_dir)
-        tracker.set_tags({N.TAG_CHECKPOINT_FAILED: f"{ck.step_dir_name(step)} ({reason}): {what}"[:4000],
-                          N.TAG_CHECKPOINT_FAILURES: checkpointer.failures})
+        tracker.set_tags(
+            {
+                N.TAG_CHECKPOINT_FAILED: f"{ck.step_dir_name(step)} ({reason}): {what}"[:4000],
+                N.TAG_CHECKPOINT_FAILURES: checkpointer.failures,
+            }
+        )
         tracker.log_metrics(step, {N.CHECKPOINT_FAILED: 1.0})
-        if alert is not None and first:   # one alert per episode; the next is when writes succeed again
-            alert(f"x1 checkpoint {ck.step_dir_name(step)} FAILED in {ctx.ckpt_dir}",
-                  f"The {reason} checkpoint of step {step} could not be written: {what}.\n"
-                  f"The latest complete checkpoint is {latest or '(none yet)'}. Free space on the disk of "
-                  f"{ctx.ckpt_dir}; training goes on and tries again on schedule (no further alert until a "
-                  "checkpoint is written again).")
+        if alert is not None and first:  # one alert per episode; the next is when writes succeed again
+            alert(
+                f"x1 checkpoint {ck.step_dir_name(step)} FAILED in {ctx.ckpt_dir}",
+                f"The {reason} checkpoint of step {step} could not be written: {what}.\n"
+                f"The latest complete checkpoint is {latest or '(none yet)'}. Free space on the disk of "
+                f"{ctx.ckpt_dir}; training goes on and tries again on schedule (no further alert until a "
+                "checkpoint is written again).",
+            )
 
     def on_recovered(step: int, failed: int) -> None:
         if alert is not None:
-            alert(f"x1 checkpoints written again ({ck.step_dir_name(step)})",
-                  f"After {failed} failed attempt(s), the checkpoint of step {step} was written to {ctx.ckpt_dir}.")
+            alert(
+                f"x1 checkpoints written again ({ck.step_dir_name(step)})",
+                f"After {failed} failed attempt(s), the checkpoint of step {step} was written to {ctx.ckpt_dir}.",
+            )
 
     def on_saved(step: int, path: Path, secs: float, size: int) -> None:
-        tracker.log_metrics(step, {N.CHECKPOINT_SAVE_S: secs, N.CHECKPOINT_MB_PER_S: size / 1e6 / max(secs, 1e-9),
-                                   N.CHECKPOINT_SIZE_MB: size / 1e6})
-        if ctx.mirror is not None:   # staged now (before the prune), uploaded by the mirror's thread
+        tracker.log_metrics(
+            step,
+            {
+                N.CHECKPOINT_SAVE_S: secs,
+                N.CHECKPOINT_MB_PER_S: size / 1e6 / max(secs, 1e-9),
+                N.CHECKPOINT_SIZE_MB: size / 1e6,
+            },
+        )
+        if ctx.mirror is not None:  # staged now (before the prune), uploaded by the mirror's thread
             try:
                 ctx.mirror.checkpoint(path)
-            except OSError as e:   # the mirror must never fail a checkpoint that is on disk
+            except OSError as e:  # the mirror must never fail a checkpoint that is on disk
                 ctx.log(f"warning: {path.name} could not be staged for the mirror ({e}); the next one will be")
             for name in (LEDGER_FILE, ck.EXIT_STATUS):
                 ctx.mirror.file(name)
@@ -333,9 +394,16 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
         if tracker.reachable:
             tracker.flush(timeout_s=10.0)
 
-    calls = CheckpointCalls(state_dict_for_saving, trainer_state, ctx.log, on_saved,
-                            lambda path, hashes: tag_final(tracker, ctx.ckpt_dir, path, hashes), before_save,
-                            on_failed, on_recovered)
+    calls = CheckpointCalls(
+        state_dict_for_saving,
+        trainer_state,
+        ctx.log,
+        on_saved,
+        lambda path, hashes: tag_final(tracker, ctx.ckpt_dir, path, hashes),
+        before_save,
+        on_failed,
+        on_recovered,
+    )
     checkpointer = Checkpointer(ctx.ckpt_dir, ctx.cfg.checkpoint.keep_last, ctx.cfg.checkpoint.async_save, calls)
     if resume.found is not None:
         checkpointer.last_saved_step = resume.found.step
@@ -344,9 +412,13 @@ def _checkpointer(ctx: Context, tracker: Any, trainer_state: TrainerState, resum
 
 def tag_final(tracker: Any, ckpt_dir: Path, step_dir: Path, hashes: dict[str, str]) -> None:
     """Record in MLflow which files are the run's final weights (export_run and dod check them)."""
-    tracker.set_tags({N.TAG_FINAL_CHECKPOINT: str(step_dir.resolve()),
-                      N.TAG_FINAL_SAFETENSORS: str((ckpt_dir / ck.FINAL_MODEL).resolve()),
-                      N.TAG_FINAL_SAFETENSORS_SHA256: hashes[ck.FINAL_MODEL]})
+    tracker.set_tags(
+        {
+            N.TAG_FINAL_CHECKPOINT: str(step_dir.resolve()),
+            N.TAG_FINAL_SAFETENSORS: str((ckpt_dir / ck.FINAL_MODEL).resolve()),
+            N.TAG_FINAL_SAFETENSORS_SHA256: hashes[ck.FINAL_MODEL],
+        }
+    )
 
 
 def _fit_context(ctx: Context, resume: Resume) -> FitContext | None:
@@ -355,11 +427,16 @@ def _fit_context(ctx: Context, resume: Resume) -> FitContext | None:
     if not b.fit:
         return None
     fpt = flops.flops_per_token(cfg.model).honest
-    peak = ctx.peak_tflops * ctx.world.size if ctx.peak_tflops else None   # a step is made by every rank's GPU
+    peak = ctx.peak_tflops * ctx.world.size if ctx.peak_tflops else None  # a step is made by every rank's GPU
     step_s = expected_step_s(b.expected_step_s, cfg.tokens_per_step(), fpt, peak, b.assumed_mfu)
     first_start = ctx.started_unix - float(resume.state.get("wall_clock_s", 0.0))
-    return FitContext(total_steps=cfg.train.total_steps, optim=cfg.optim, expected_step_s=step_s,
-                      max_hours=b.max_hours, first_start_estimate_unix=first_start)
+    return FitContext(
+        total_steps=cfg.train.total_steps,
+        optim=cfg.optim,
+        expected_step_s=step_s,
+        max_hours=b.max_hours,
+        first_start_estimate_unix=first_start,
+    )
 
 
 def _horizon(cfg: C.Config, resume: Resume) -> Horizon:
@@ -385,9 +462,12 @@ def _task_eval(ctx: Context) -> list[Any]:
     t = ctx.cfg.train
     names = task_list(t.eval_tasks)
     items, _ = load_items(names, t.eval_tasks_limit)
-    ctx.log(f"task eval: {', '.join(names)} ({sum(len(v) for v in items.values()):,} items) "
-            + (f"every {t.eval_tasks_every} steps and " if t.eval_tasks_every else "") + "when the run ends, within "
-            f"{t.eval_tasks_max_s:g} s each time")
+    ctx.log(
+        f"task eval: {', '.join(names)} ({sum(len(v) for v in items.values()):,} items) "
+        + (f"every {t.eval_tasks_every} steps and " if t.eval_tasks_every else "")
+        + "when the run ends, within "
+        f"{t.eval_tasks_max_s:g} s each time"
+    )
     return [TaskEval(items, load_gpt2().encode, ctx.log, alert_sender(ctx), eval_cost(ctx.cfg))]
 
 
@@ -400,31 +480,37 @@ def _val_batches(ctx: Context, data: TokenData, resume: Resume) -> list[Any]:
     if saved.get("eval_batches") == t.eval_batches:
         micro = int(saved.get("micro_batch_size") or micro)
     starts = val_starts(data.val.size, ctx.cfg.model.seq_len, t.eval_batches * micro)
-    return [gather(data.val, starts[i:i + t.micro_batch_size], ctx.cfg.model.seq_len)
-            for i in range(0, len(starts), t.micro_batch_size)]
+    return [
+        gather(data.val, starts[i : i + t.micro_batch_size], ctx.cfg.model.seq_len)
+        for i in range(0, len(starts), t.micro_batch_size)
+    ]
 
 
 def _compile_fallback_report(ctx: Context, tracker: Any, alert: Any) -> Any:
     def report(error: str) -> None:
         tracker.set_tags({N.TAG_COMPILE_FALLBACK: error[:4000], N.TAG_COMPILE_MODE_EFFECTIVE: "eager (fallback)"})
         if alert is not None:
-            alert(f"x1 torch.compile failed in {ctx.ckpt_dir}: training continues eagerly",
-                  f"torch.compile raised {error}. The run goes on without compilation (slower, and every hour "
-                  "costs the same). Fix the cause and relaunch with --resume-from-latest, or pass --no-compile.")
+            alert(
+                f"x1 torch.compile failed in {ctx.ckpt_dir}: training continues eagerly",
+                f"torch.compile raised {error}. The run goes on without compilation (slower, and every hour "
+                "costs the same). Fix the cause and relaunch with --resume-from-latest, or pass --no-compile.",
+            )
+
     return report
 
 
 def _resume(ctx: Context, data: TokenData) -> Resume:
     """Where this run starts; with several ranks, where all of them start (``resume.agree_on_checkpoint``)."""
-    find = partial(find_resume, ctx.ckpt_dir, ctx.opts.resume, ctx.opts.allow_config_change, ctx.cfg, data, ctx.log,
-                   ctx.world.size)
+    find = partial(
+        find_resume, ctx.ckpt_dir, ctx.opts.resume, ctx.opts.allow_config_change, ctx.cfg, data, ctx.log, ctx.world.size
+    )
     if ctx.world.size == 1:
         return find()
-    resume, problem = Resume(), None   # only rank 0 refuses a fresh start over old checkpoints
+    resume, problem = Resume(), None  # only rank 0 refuses a fresh start over old checkpoints
     try:
         if ctx.world.main or ctx.opts.resume:
             resume = find()
-    except X1Error as e:   # every rank learns it and exits 2 with it (none is left waiting)
+    except X1Error as e:  # every rank learns it and exits 2 with it (none is left waiting)
         problem = str(e)
     start = RankStart(resume, problem, (ctx.cfg.sha256(), data.identity))
     return agree_on_checkpoint(start, ctx.ckpt_dir, ctx.world, ctx.device, ctx.log)
@@ -450,26 +536,48 @@ def build_run(ctx: Context) -> Built:
         log(f"torch.compile mode={mode}, scope {scope} (first step includes compilation)")
         forward = fallback = compile_model(model, forward, mode, scope, log)
         fallback.distributed = ctx.world.size > 1
-    sampler = Sampler(data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size,
-                      cfg.train.grad_accum_steps)   # micro-batches a step over all ranks
+    sampler = Sampler(
+        data.train.size, cfg.model.seq_len, cfg.train.seed, cfg.train.micro_batch_size, cfg.train.grad_accum_steps
+    )  # micro-batches a step over all ranks
     val_batches = _val_batches(ctx, data, resume)
-    log(f"data {data.directory}: {data.train.size:,} train tokens ({sampler.n_windows:,} windows), "
+    log(
+        f"data {data.directory}: {data.train.size:,} train tokens ({sampler.n_windows:,} windows), "
         f"{data.val.size:,} val tokens ({sum(len(x) for x, _ in val_batches)} fixed eval windows); "
-        f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs")
+        f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs"
+    )
     tracker = _tracker(ctx, uri, artifact_location, resume, data)
     kernels = kernel_tags(model, cfg.train.precision)
-    log(f"attention runs on {kernels[N.TAG_ATTENTION_EFFECTIVE]}"
-        + ("" if ctx.device.type != "cuda" or cfg.train.sdpa_cudnn else " (cuDNN SDPA off: train.sdpa_cudnn)"))
+    log(
+        f"attention runs on {kernels[N.TAG_ATTENTION_EFFECTIVE]}"
+        + ("" if ctx.device.type != "cuda" or cfg.train.sdpa_cudnn else " (cuDNN SDPA off: train.sdpa_cudnn)")
+    )
     tracker.set_tags({N.TAG_COMPILE_MODE_EFFECTIVE: mode, N.TAG_COMPILE_SCOPE_EFFECTIVE: scope, **kernels})
     spike_watch = _spikes(ctx, data, tracker, resume)
-    control = BudgetControl(ctx.guard, ctx.ckpt_dir, log, tracker.log_metrics, ck.guard_snapshot(resume.state),
-                            _fit_context(ctx, resume), task_eval[0].cost if task_eval else None) \
-        if ctx.guard is not None else None
+    control = (
+        BudgetControl(
+            ctx.guard,
+            ctx.ckpt_dir,
+            log,
+            tracker.log_metrics,
+            ck.guard_snapshot(resume.state),
+            _fit_context(ctx, resume),
+            task_eval[0].cost if task_eval else None,
+        )
+        if ctx.guard is not None
+        else None
+    )
     if control is not None and ctx.mirror is not None:
-        control.ledger.on_saved = lambda: ctx.mirror.file(LEDGER_FILE)   # at each budget check
-    trainer_state = TrainerState(ctx=ctx, data=data, sampler=sampler, tracker=tracker, uri=uri,
-                                 spike_watch=spike_watch, monitor=control.monitor if control is not None else None,
-                                 wall_before=float(resume.state.get("wall_clock_s", 0.0)))
+        control.ledger.on_saved = lambda: ctx.mirror.file(LEDGER_FILE)  # at each budget check
+    trainer_state = TrainerState(
+        ctx=ctx,
+        data=data,
+        sampler=sampler,
+        tracker=tracker,
+        uri=uri,
+        spike_watch=spike_watch,
+        monitor=control.monitor if control is not None else None,
+        wall_before=float(resume.state.get("wall_clock_s", 0.0)),
+    )
     alert = alert_sender(ctx)
     if fallback is not None:
         fallback.on_fallback = _compile_fallback_report(ctx, tracker, alert)
@@ -484,17 +592,41 @@ def build_run(ctx: Context) -> Built:
         callbacks.append(MirrorRefused(ctx.mirror))
     fpt = flops.flops_per_token(cfg.model)
     peak = ctx.peak_tflops
-    run = Run(cfg=cfg, model=forward, raw_model=model, optimizer=optimizer, device=ctx.device, batches=iter(()),
-              chunks=ctx.world.chunks(cfg.train.grad_accum_steps), val_batches=val_batches,
-              flops_per_token=fpt.honest, world=ctx.world, ddp=ddp, peak_tflops=peak, tracker=tracker,
-              console=log, stop=ctx.stop, checkpointer=checkpointer, callbacks=callbacks,
-              lab_flops_per_token=fpt.lab_6n, horizon=_horizon(cfg, resume), alert=alert)
+    run = Run(
+        cfg=cfg,
+        model=forward,
+        raw_model=model,
+        optimizer=optimizer,
+        device=ctx.device,
+        batches=iter(()),
+        chunks=ctx.world.chunks(cfg.train.grad_accum_steps),
+        val_batches=val_batches,
+        flops_per_token=fpt.honest,
+        world=ctx.world,
+        ddp=ddp,
+        peak_tflops=peak,
+        tracker=tracker,
+        console=log,
+        stop=ctx.stop,
+        checkpointer=checkpointer,
+        callbacks=callbacks,
+        lab_flops_per_token=fpt.lab_6n,
+        horizon=_horizon(cfg, resume),
+        alert=alert,
+    )
     return Built(run, state, resume, tracker, checkpointer, control, sampler, data)
 
 
 def start_batches(built: Built) -> None:
     """Start the prefetch thread for the steps the loop will run."""
     cfg, run = built.run.cfg, built.run
-    built.prefetch = Prefetcher(built.data.train, built.sampler, run.chunks, built.state.step, cfg.train.total_steps,
-                                cfg.train.prefetch, pin=run.device.type == "cuda")
+    built.prefetch = Prefetcher(
+        built.data.train,
+        built.sampler,
+        run.chunks,
+        built.state.step,
+        cfg.train.total_steps,
+        cfg.train.prefetch,
+        pin=run.device.type == "cuda",
+    )
     run.batches = iter(built.prefetch)

@@ -61,8 +61,7 @@ class CheckpointCadence(Callback):
         if run.checkpointer is None:
             return
         c = run.cfg.checkpoint
-        periodic = run.checkpointer.due(report.step, c.every_steps, c.every_min) \
-            if report.step < run.end_step else None
+        periodic = run.checkpointer.due(report.step, c.every_steps, c.every_min) if report.step < run.end_step else None
         if periodic:
             save_and_tell(run, state, periodic)
         elif report.checkpoint_now:
@@ -103,7 +102,7 @@ class ThroughputFloor(Callback):
     ``min_tokens_per_s_always``."""
 
     def __init__(self) -> None:
-        self.below = False   # inside a reported episode (after the window)
+        self.below = False  # inside a reported episode (after the window)
 
     def after_step(self, run: Run, state: LoopState, report: StepReport) -> Verdict | None:
         cfg, meter = run.cfg.train, report.meter
@@ -115,20 +114,25 @@ class ThroughputFloor(Callback):
                 run.console(f"throughput back above --min-tokens-per-s: {tps:,.0f} tokens/s")
             self.below = False
             return None
-        what = (f"throughput {tps:,.0f} tokens/s over the last {len(meter.times)} steps is below "
-                f"--min-tokens-per-s {cfg.min_tokens_per_s:,.0f}")
+        what = (
+            f"throughput {tps:,.0f} tokens/s over the last {len(meter.times)} steps is below "
+            f"--min-tokens-per-s {cfg.min_tokens_per_s:,.0f}"
+        )
         in_window = state.train_time_s <= cfg.min_tokens_per_s_window_min * 60
         if in_window or cfg.min_tokens_per_s_always:
             run.console(f"{what}: stopping to diagnose (exit 6)")
             return Outcome(EXIT_SLOW, "throughput below floor", state.step), True
         if not self.below:
             self.below = True
-            run.console(f"warning: {what} at step {state.step}, after the first "
-                        f"{cfg.min_tokens_per_s_window_min:g} min: training goes on (diagnose it: another process "
-                        "on the GPU, thermal throttling, a slow disk; --min-tokens-per-s-always stops instead)")
+            run.console(
+                f"warning: {what} at step {state.step}, after the first "
+                f"{cfg.min_tokens_per_s_window_min:g} min: training goes on (diagnose it: another process "
+                "on the GPU, thermal throttling, a slow disk; --min-tokens-per-s-always stops instead)"
+            )
             if run.alert is not None:
-                run.alert(f"x1 throughput dropped to {tps:,.0f} tokens/s at step {state.step}",
-                          f"{what}. The run continues.")
+                run.alert(
+                    f"x1 throughput dropped to {tps:,.0f} tokens/s at step {state.step}", f"{what}. The run continues."
+                )
         return None
 
 
@@ -142,7 +146,7 @@ class ProgressFile(Callback):
         self.dir, self.started, self.ckpt = ckpt_dir, started, checkpointer
         self.first_step_started: float | None = None
         self.first_step_s: float | None = None
-        self.failing = 0   # writes skipped since the last one that succeeded
+        self.failing = 0  # writes skipped since the last one that succeeded
 
     def after_step(self, run: Run, state: LoopState, report: StepReport) -> Verdict | None:
         first = self.first_step_started is None
@@ -158,19 +162,29 @@ class ProgressFile(Callback):
 
     def _write(self, run: Run, state: LoopState) -> None:
         try:
-            write_progress(self.dir, {
-                "pid": os.getpid(), "step": state.step, "time_unix": time.time(), "started_unix": self.started,
-                "first_step_started_unix": self.first_step_started, "first_step_s": self.first_step_s,
-                "last_checkpoint_step": self.ckpt.last_saved_step, "total_steps": run.cfg.train.total_steps,
-            })
+            write_progress(
+                self.dir,
+                {
+                    "pid": os.getpid(),
+                    "step": state.step,
+                    "time_unix": time.time(),
+                    "started_unix": self.started,
+                    "first_step_started_unix": self.first_step_started,
+                    "first_step_s": self.first_step_s,
+                    "last_checkpoint_step": self.ckpt.last_saved_step,
+                    "total_steps": run.cfg.train.total_steps,
+                },
+            )
         except OSError as e:
             if not self.failing:
-                run.console(f"warning: {self.dir / PROGRESS} could not be written at step {state.step} "
-                            f"({e.strerror or e}); training goes on and skips it until it can be written")
+                run.console(
+                    f"warning: {self.dir / PROGRESS} could not be written at step {state.step} "
+                    f"({e.strerror or e}); training goes on and skips it until it can be written"
+                )
             self.failing += 1
             return
         if self.failing:
-            run.console(f"{self.dir / PROGRESS} is written again at step {state.step} "
-                        f"({self.failing} write(s) skipped)")
+            run.console(
+                f"{self.dir / PROGRESS} is written again at step {state.step} ({self.failing} write(s) skipped)"
+            )
             self.failing = 0
-

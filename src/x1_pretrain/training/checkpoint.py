@@ -39,13 +39,24 @@ if TYPE_CHECKING:
 
 STEP_RE = re.compile(r"^step_(\d{7})$")
 MODEL_FILE, OPTIM_FILE, OPTIM_META, STATE_FILE, DONE_FILE, PIN_FILE = (
-    "model.safetensors", "optimizer.safetensors", "optimizer.json", "trainer_state.json", "DONE", "PIN")
-LEGACY_OPTIM = "optimizer.pt"     # x1 before the safetensors optimizer: read only on torch >= 2.6
+    "model.safetensors",
+    "optimizer.safetensors",
+    "optimizer.json",
+    "trainer_state.json",
+    "DONE",
+    "PIN",
+)
+LEGACY_OPTIM = "optimizer.pt"  # x1 before the safetensors optimizer: read only on torch >= 2.6
 LATEST, FINAL_MODEL, FINAL_OPTIM, FINAL_OPTIM_META, PROGRESS = (
-    "latest", "final.safetensors", "final-optimizer.safetensors", "final-optimizer.json", "progress.json")
-FINAL_OPTIM_PT = "final-optimizer.pt"   # the lab's shutdown list names it: written here, never read by x1
+    "latest",
+    "final.safetensors",
+    "final-optimizer.safetensors",
+    "final-optimizer.json",
+    "progress.json",
+)
+FINAL_OPTIM_PT = "final-optimizer.pt"  # the lab's shutdown list names it: written here, never read by x1
 OPTIM_FORMAT = "x1-optimizer/1"
-SAFE_TORCH_LOAD = (2, 6)          # the first torch whose weights_only=True load is safe (CVE-2025-32434)
+SAFE_TORCH_LOAD = (2, 6)  # the first torch whose weights_only=True load is safe (CVE-2025-32434)
 
 
 def step_dir_name(step: int) -> str:
@@ -133,8 +144,10 @@ def flatten_optimizer(state: Any) -> tuple[dict[str, torch.Tensor], dict[str, An
 def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: Any, where: Path) -> dict[str, Any]:
     """The optimizer's state dict from ``flatten_optimizer``'s two parts; a part that does not fit is X1Error."""
     if not isinstance(meta, dict) or meta.get("format") != OPTIM_FORMAT:
-        raise X1Error(f"{where}: not x1 optimizer state (format {OPTIM_FORMAT}); the checkpoint is damaged or "
-                      "not x1's: resume from another one")
+        raise X1Error(
+            f"{where}: not x1 optimizer state (format {OPTIM_FORMAT}); the checkpoint is damaged or "
+            "not x1's: resume from another one"
+        )
 
     def dec(obj: Any) -> Any:
         if isinstance(obj, list):
@@ -143,8 +156,10 @@ def unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: Any, where: Path
             return obj
         if set(obj) == {"__tensor__"}:
             if obj["__tensor__"] not in tensors:
-                raise X1Error(f"{where}: the optimizer state names a tensor {str(obj['__tensor__'])[:80]!r} its "
-                              "safetensors file lacks; the checkpoint is damaged: resume from another one")
+                raise X1Error(
+                    f"{where}: the optimizer state names a tensor {str(obj['__tensor__'])[:80]!r} its "
+                    "safetensors file lacks; the checkpoint is damaged: resume from another one"
+                )
             return tensors[obj["__tensor__"]]
         if set(obj) == {"__tuple__"} and isinstance(obj["__tuple__"], list):
             return tuple(dec(v) for v in obj["__tuple__"])
@@ -173,12 +188,14 @@ def _load_legacy_optimizer(path: Path, map_location: Any) -> dict[str, Any]:
     import torch
 
     if _torch_version() < SAFE_TORCH_LOAD:
-        raise X1Error(f"{path}: this checkpoint's optimizer state is a pickle ({LEGACY_OPTIM}, written by an older "
-                      f"x1): it cannot be loaded safely with torch {torch.__version__}: before 2.6, "
-                      "torch.load(weights_only=True) can run code hidden in the file (CVE-2025-32434), and a "
-                      "checkpoint may come from a bucket or another machine. Fix: resume this checkpoint once "
-                      "with torch >= 2.6 (the next checkpoint is written as optimizer.safetensors + "
-                      "optimizer.json, which any torch reads), or resume from a checkpoint this x1 wrote")
+        raise X1Error(
+            f"{path}: this checkpoint's optimizer state is a pickle ({LEGACY_OPTIM}, written by an older "
+            f"x1): it cannot be loaded safely with torch {torch.__version__}: before 2.6, "
+            "torch.load(weights_only=True) can run code hidden in the file (CVE-2025-32434), and a "
+            "checkpoint may come from a bucket or another machine. Fix: resume this checkpoint once "
+            "with torch >= 2.6 (the next checkpoint is written as optimizer.safetensors + "
+            "optimizer.json, which any torch reads), or resume from a checkpoint this x1 wrote"
+        )
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # a pickle that is not plain tensors/containers is refused here
@@ -204,7 +221,7 @@ class StepSnapshot:
     step: int
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
-    state: dict[str, Any]          # trainer_state.json without the file hashes
+    state: dict[str, Any]  # trainer_state.json without the file hashes
 
 
 def write_step_dir(ckpt_dir: Path, snap: StepSnapshot) -> tuple[Path, int]:
@@ -220,7 +237,7 @@ def write_step_dir(ckpt_dir: Path, snap: StepSnapshot) -> tuple[Path, int]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed write (a full disk) leaves nothing half-written behind
         raise
-    replace_dir(tmp, final)   # the same step may be saved again (e.g. a stop right after a periodic save)
+    replace_dir(tmp, final)  # the same step may be saved again (e.g. a stop right after a periodic save)
     _fsync_dir(ckpt_dir)
     try:
         write_text_atomic(ckpt_dir / LATEST, final.name + "\n")
@@ -269,7 +286,7 @@ def write_final_files(ckpt_dir: Path, step_dir: Path) -> dict[str, str]:
                 os.fsync(f.fileno())
             os.replace(tmp, ckpt_dir / name)
         finally:
-            tmp.unlink(missing_ok=True)   # left only by a failed copy (a full disk): its space is freed
+            tmp.unlink(missing_ok=True)  # left only by a failed copy (a full disk): its space is freed
         out[name] = sha256_file(ckpt_dir / name)
     if not legacy:
         out[FINAL_OPTIM_PT] = _write_final_pt(ckpt_dir, step_dir)
@@ -289,7 +306,7 @@ def _write_final_pt(ckpt_dir: Path, step_dir: Path) -> str:
             os.fsync(f.fileno())
         os.replace(tmp, ckpt_dir / FINAL_OPTIM_PT)
     finally:
-        tmp.unlink(missing_ok=True)   # left only by a failed write (a full disk): its space is freed
+        tmp.unlink(missing_ok=True)  # left only by a failed write (a full disk): its space is freed
     return sha256_file(ckpt_dir / FINAL_OPTIM_PT)
 
 
@@ -309,7 +326,6 @@ def prune(ckpt_dir: Path, keep_last: int) -> list[Path]:
         if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     return removed
-
 
     return True
 
@@ -333,14 +349,28 @@ _NONE = type(None)
 # the fields of trainer_state.json that x1 reads, and the JSON types each may have (a checkpoint may come from a
 # bucket or another rank: a wrong type must make it invalid, never crash the resume)
 _STATE_TYPES: dict[str, tuple[type, ...]] = {
-    "tokens_seen": (int,), "train_time_s": (int, float), "wall_clock_s": (int, float),
-    "last_loss": (int, float), "last_val_loss": (int, float), "world_size": (int,), "rng": (dict,),
-    "config": (dict,), "data_position": (dict,), "machine": (dict, _NONE), "config_sha256": (str,),
-    "budget_guard": (dict, _NONE), "budget": (dict, _NONE), "schedule": (dict, _NONE), "spike": (dict, _NONE),
-    "mlflow_run_id": (str, _NONE), "mlflow_uri": (str, _NONE), "data_dir": (str, _NONE)}
+    "tokens_seen": (int,),
+    "train_time_s": (int, float),
+    "wall_clock_s": (int, float),
+    "last_loss": (int, float),
+    "last_val_loss": (int, float),
+    "world_size": (int,),
+    "rng": (dict,),
+    "config": (dict,),
+    "data_position": (dict,),
+    "machine": (dict, _NONE),
+    "config_sha256": (str,),
+    "budget_guard": (dict, _NONE),
+    "budget": (dict, _NONE),
+    "schedule": (dict, _NONE),
+    "spike": (dict, _NONE),
+    "mlflow_run_id": (str, _NONE),
+    "mlflow_uri": (str, _NONE),
+    "data_dir": (str, _NONE),
+}
 _RNG_TYPES: dict[str, tuple[type, ...]] = {"python": (list,), "numpy": (list,), "torch": (str,), "cuda": (list,)}
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-_DIR_STEP_RE = re.compile(r"^\.?step_(\d{7})(?:$|\.)")   # a step dir, or its hidden pull/transfer folder
+_DIR_STEP_RE = re.compile(r"^\.?step_(\d{7})(?:$|\.)")  # a step dir, or its hidden pull/transfer folder
 
 
 def _typed(value: Any, types: tuple[type, ...]) -> bool:
@@ -360,8 +390,11 @@ def state_problem(state: Any, path: Path) -> str | None:
     if m and int(m.group(1)) != step:
         return f"{STATE_FILE}: step {step} in the folder of step {int(m.group(1))}"
     bad = [k for k, types in _STATE_TYPES.items() if k in state and not _typed(state[k], types)]
-    bad += [f"rng.{k}" for k, types in _RNG_TYPES.items()
-            if isinstance(state.get("rng"), dict) and k in state["rng"] and not _typed(state["rng"][k], types)]
+    bad += [
+        f"rng.{k}"
+        for k, types in _RNG_TYPES.items()
+        if isinstance(state.get("rng"), dict) and k in state["rng"] and not _typed(state["rng"][k], types)
+    ]
     if bad:
         return f"{STATE_FILE}: {', '.join(bad)} of the wrong type"
     files = state.get("files")
@@ -443,11 +476,13 @@ def load_optimizer(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
         meta = json.loads(meta_path.read_text())
         tensors = safetensors_io.load(tensors_path)
     except (OSError, ValueError) as e:
-        raise X1Error(f"{tensors_path}: optimizer state cannot be read ({type(e).__name__}: {e}); resume from "
-                      "another checkpoint") from None
+        raise X1Error(
+            f"{tensors_path}: optimizer state cannot be read ({type(e).__name__}: {e}); resume from another checkpoint"
+        ) from None
     except Exception as e:  # the safetensors library's own error for a damaged file
-        raise X1Error(f"{tensors_path}: not a readable safetensors file ({type(e).__name__}: {e}); resume from "
-                      "another checkpoint") from None
+        raise X1Error(
+            f"{tensors_path}: not a readable safetensors file ({type(e).__name__}: {e}); resume from another checkpoint"
+        ) from None
     if map_location not in (None, "cpu"):
         tensors = {k: v.to(map_location) for k, v in tensors.items()}
     return unflatten_optimizer(tensors, meta, tensors_path)
@@ -458,8 +493,10 @@ def load_model_state(model: torch.nn.Module, weights: dict[str, torch.Tensor], w
     tied = getattr(getattr(model, "config", None), "tie_embeddings", False)
     missing = [k for k in missing if not (tied and k == "lm_head.weight")]
     if missing or unexpected:
-        raise X1Error(f"{where}: weights do not fit this model (missing {missing[:5]}, unexpected "
-                      f"{unexpected[:5]}); was the config changed?")
+        raise X1Error(
+            f"{where}: weights do not fit this model (missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}); was the config changed?"
+        )
 
 
 def write_progress(ckpt_dir: Path, info: dict[str, Any]) -> None:
@@ -478,15 +515,22 @@ def write_exit_status(ckpt_dir: Path | None, code: int, reason: str) -> None:
     budget stop (3, 4), a divergence (5) or a usage error (2) behind a relaunchable code. Written into an
     existing checkpoint dir (a typo in the flags must not create directories; None: another node's first
     process, which writes only for its own watchdog) and to ``$X1_EXIT_STATUS``."""
-    blob = json.dumps({"exit_code": code, "reason": reason, "pid": os.getpid(), "time_unix": time.time(),
-                       "rank": int(os.environ.get("RANK", "0") or 0)})
+    blob = json.dumps(
+        {
+            "exit_code": code,
+            "reason": reason,
+            "pid": os.getpid(),
+            "time_unix": time.time(),
+            "rank": int(os.environ.get("RANK", "0") or 0),
+        }
+    )
     failed: OSError | None = None
     if ckpt_dir is not None and ckpt_dir.is_dir():
         try:
             write_text_atomic(ckpt_dir / EXIT_STATUS, blob)
-        except OSError as e:   # a full disk: the watchdog's own file (maybe on another disk) is still tried
+        except OSError as e:  # a full disk: the watchdog's own file (maybe on another disk) is still tried
             failed = e
-    if os.environ.get(EXIT_STATUS_ENV):   # the watchdog's own file in the run's dir: for its owner only
+    if os.environ.get(EXIT_STATUS_ENV):  # the watchdog's own file in the run's dir: for its owner only
         write_text_atomic(Path(os.environ[EXIT_STATUS_ENV]), blob, mode=0o600)
     if failed is not None:
         raise failed

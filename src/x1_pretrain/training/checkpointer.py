@@ -30,14 +30,14 @@ from .checkpoint import (
 class CheckpointCalls:
     """What the checkpointer calls: to build a checkpoint's contents, to log, and to tell the run."""
 
-    model_state: Callable[[Any], dict[str, torch.Tensor]]       # raw model -> tensors to save
-    trainer_state: Callable[[Any, Any], dict[str, Any]]         # (run, loop state) -> trainer_state.json
+    model_state: Callable[[Any], dict[str, torch.Tensor]]  # raw model -> tensors to save
+    trainer_state: Callable[[Any, Any], dict[str, Any]]  # (run, loop state) -> trainer_state.json
     log: Callable[[str], None] = print
-    on_saved: Callable[[int, Path, float, int], None] | None = None    # (step, path, seconds, bytes)
-    on_final: Callable[[Path, dict[str, str]], None] | None = None     # (step dir, final file hashes)
-    before_save: Callable[[], None] | None = None                      # e.g. flush the metrics
-    on_failed: Callable[[int, str, str, bool], None] | None = None     # (step, reason, what, first of an episode)
-    on_recovered: Callable[[int, int], None] | None = None             # (step written, failures in the episode)
+    on_saved: Callable[[int, Path, float, int], None] | None = None  # (step, path, seconds, bytes)
+    on_final: Callable[[Path, dict[str, str]], None] | None = None  # (step dir, final file hashes)
+    before_save: Callable[[], None] | None = None  # e.g. flush the metrics
+    on_failed: Callable[[int, str, str, bool], None] | None = None  # (step, reason, what, first of an episode)
+    on_recovered: Callable[[int, int], None] | None = None  # (step written, failures in the episode)
 
 
 class Checkpointer:
@@ -51,8 +51,14 @@ class Checkpointer:
     episode (alert once) and ``on_recovered`` when a write succeeds again. A *required* write (the final one, or
     the one a stop asks for) that fails raises :class:`CheckpointFailed`."""
 
-    def __init__(self, ckpt_dir: Path, keep_last: int, async_save: bool, calls: CheckpointCalls,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ckpt_dir: Path,
+        keep_last: int,
+        async_save: bool,
+        calls: CheckpointCalls,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.dir = ckpt_dir
         self.keep_last = keep_last
         self.async_save = async_save
@@ -62,10 +68,10 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self.last_saved_step: int | None = None
         self.last_saved_at = clock()
-        self.last_attempt_at = self.last_saved_at   # checkpoint.every_min counts from here (at first: the start)
+        self.last_attempt_at = self.last_saved_at  # checkpoint.every_min counts from here (at first: the start)
         self.last_save_s = 0.0
-        self.failures = 0          # in this process
-        self.failing = 0           # failures since the last write that succeeded (an episode while > 0)
+        self.failures = 0  # in this process
+        self.failing = 0  # failures since the last write that succeeded (an episode while > 0)
 
     def minutes_since_attempt(self) -> float:
         return (self._clock() - self.last_attempt_at) / 60
@@ -95,12 +101,17 @@ class Checkpointer:
         if self._calls.before_save is not None and not required:
             self._calls.before_save()  # a stop writes its checkpoint first; the metrics follow within the grace
         t0 = self.last_attempt_at = self._clock()
-        snap = StepSnapshot(state.step, to_cpu(self._calls.model_state(run.raw_model)),
-                            to_cpu(run.optimizer.state_dict()), self._calls.trainer_state(run, state))
+        snap = StepSnapshot(
+            state.step,
+            to_cpu(self._calls.model_state(run.raw_model)),
+            to_cpu(run.optimizer.state_dict()),
+            self._calls.trainer_state(run, state),
+        )
         snap_s = self._clock() - t0
         if self.async_save and not required:
-            self._thread = threading.Thread(target=self._write, args=(snap, reason, t0, snap_s, False),
-                                            name="x1-checkpoint", daemon=False)
+            self._thread = threading.Thread(
+                target=self._write, args=(snap, reason, t0, snap_s, False), name="x1-checkpoint", daemon=False
+            )
             self._thread.start()
             return
         error = self._write(snap, reason, t0, snap_s, final)
@@ -117,8 +128,10 @@ class Checkpointer:
         self.last_saved_step = snap.step
         self.last_saved_at = self._clock()
         self.last_save_s = secs
-        self._log(f"checkpoint {path.name} ({reason}): {size / 1e6:,.1f} MB in {secs:.2f} s "
-                  f"({size / 1e6 / max(secs, 1e-9):,.0f} MB/s; training paused {snap_s:.2f} s for the snapshot)")
+        self._log(
+            f"checkpoint {path.name} ({reason}): {size / 1e6:,.1f} MB in {secs:.2f} s "
+            f"({size / 1e6 / max(secs, 1e-9):,.0f} MB/s; training paused {snap_s:.2f} s for the snapshot)"
+        )
         if self.failing:
             failed, self.failing = self.failing, 0
             self._log(f"checkpoints are written again ({path.name}) after {failed} failed attempt(s)")
@@ -141,8 +154,10 @@ class Checkpointer:
         latest = read_latest(self.dir)
         kept = f"{latest} stays the latest complete checkpoint" if latest else "there is no complete checkpoint yet"
         again = "" if self.failing == 1 else f" (failure {self.failing} in a row)"
-        self._log(f"ERROR: checkpoint {step_dir_name(step)} ({reason}) could not be written to {self.dir}: {what}; "
-                  f"{kept}{again}. Free space or fix the directory: the next checkpoint is tried on schedule")
+        self._log(
+            f"ERROR: checkpoint {step_dir_name(step)} ({reason}) could not be written to {self.dir}: {what}; "
+            f"{kept}{again}. Free space or fix the directory: the next checkpoint is tried on schedule"
+        )
         self._report(self._calls.on_failed, step, reason, what, self.failing == 1)
 
     def _report(self, call: Callable[..., None] | None, *args: Any) -> None:

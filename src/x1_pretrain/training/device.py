@@ -34,8 +34,10 @@ def resolve_device(name: str, local_rank: int = 0, world_size: int = 1) -> Any:
         name = f"cuda:{local_rank}"  # each rank its own GPU; set_device needs an index
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise X1Error(f"train.device {name!r}: no CUDA device is visible (torch {torch.__version__}, "
-                      f"CUDA build {torch.version.cuda}); use --device cpu or check nvidia-smi")
+        raise X1Error(
+            f"train.device {name!r}: no CUDA device is visible (torch {torch.__version__}, "
+            f"CUDA build {torch.version.cuda}); use --device cpu or check nvidia-smi"
+        )
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     return dev
@@ -51,22 +53,28 @@ def hardware_plan(cfg: Any, device: Any, log: Log) -> bool:
     # and flash-attn 2 refuses them at the first forward.
     ampere = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
     if cfg.train.precision == "bf16" and device.type == "cuda" and not ampere:
-        raise X1Error(f"train.precision 'bf16': {torch.cuda.get_device_name(device)} has no bf16 support; "
-                      "use --set train.precision=fp32 (slower) or an Ampere-or-newer GPU")
+        raise X1Error(
+            f"train.precision 'bf16': {torch.cuda.get_device_name(device)} has no bf16 support; "
+            "use --set train.precision=fp32 (slower) or an Ampere-or-newer GPU"
+        )
     if device.type == "cuda" and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-        torch.backends.cuda.enable_cudnn_sdp(cfg.train.sdpa_cudnn)   # chosen on purpose, never by torch's default
+        torch.backends.cuda.enable_cudnn_sdp(cfg.train.sdpa_cudnn)  # chosen on purpose, never by torch's default
     if cfg.train.attention != "flash":
         return False
     if device.type != "cuda":
         log("warning: train.attention 'flash' needs a CUDA device; using PyTorch SDPA on the CPU")
         return False
     if not ampere:
-        log(f"warning: flash-attn needs an Ampere-or-newer GPU ({torch.cuda.get_device_name(device)} is older); "
-            "using PyTorch SDPA")
+        log(
+            f"warning: flash-attn needs an Ampere-or-newer GPU ({torch.cuda.get_device_name(device)} is older); "
+            "using PyTorch SDPA"
+        )
         return False
     if not flash_available():
-        log("warning: flash-attn is not importable (pip install flash-attn==2.6.3 --no-build-isolation, or use "
-            "nvcr.io/nvidia/pytorch:24.10-py3); falling back to PyTorch SDPA")
+        log(
+            "warning: flash-attn is not importable (pip install flash-attn==2.6.3 --no-build-isolation, or use "
+            "nvcr.io/nvidia/pytorch:24.10-py3); falling back to PyTorch SDPA"
+        )
         return False
     if cfg.train.precision != "bf16":
         log("warning: flash-attn needs bf16/fp16 tensors; with train.precision fp32 attention uses SDPA")
@@ -84,9 +92,11 @@ def effective_compile_mode(mode: str, micro_steps: int) -> tuple[str, str | None
     """(the mode to compile with, why it is not ``mode`` or None) for ``micro_steps`` per optimizer step."""
     if micro_steps > 1 and mode in WITHOUT_CUDA_GRAPHS:
         use = WITHOUT_CUDA_GRAPHS[mode]
-        return use, (f"train.compile_mode {mode} captures CUDA graphs, which are not safe with gradient "
-                     f"accumulation ({micro_steps} micro-steps per optimizer step; pytorch/pytorch#169545): "
-                     f"compiling with {use}")
+        return use, (
+            f"train.compile_mode {mode} captures CUDA graphs, which are not safe with gradient "
+            f"accumulation ({micro_steps} micro-steps per optimizer step; pytorch/pytorch#169545): "
+            f"compiling with {use}"
+        )
     return mode, None
 
 
@@ -105,11 +115,13 @@ def effective_compile_scope(scope: str, micro_steps: int, ranks: int) -> tuple[s
     version = tuple(int(p) for p in re.findall(r"\d+", torch.__version__)[:2])
     if scope != "model" or ranks < 2 or micro_steps < 2 or version >= DDP_WHOLE_GRAPH_TORCH:
         return scope, None
-    return "blocks", (f"train.compile_scope model -> blocks: torch {torch.__version__} compiles a DDP model's whole "
-                      f"graph with a wrong token-embedding gradient under gradient accumulation ({micro_steps} "
-                      "micro-steps per rank; seen on 2.5.1, ~1e-2 off), so each block is compiled and the "
-                      "embedding and the loss run eagerly (exact); torch >= "
-                      f"{'.'.join(map(str, DDP_WHOLE_GRAPH_TORCH))} keeps the whole graph")
+    return "blocks", (
+        f"train.compile_scope model -> blocks: torch {torch.__version__} compiles a DDP model's whole "
+        f"graph with a wrong token-embedding gradient under gradient accumulation ({micro_steps} "
+        "micro-steps per rank; seen on 2.5.1, ~1e-2 off), so each block is compiled and the "
+        "embedding and the loss run eagerly (exact); torch >= "
+        f"{'.'.join(map(str, DDP_WHOLE_GRAPH_TORCH))} keeps the whole graph"
+    )
 
 
 def is_compile_error(e: BaseException) -> bool:
@@ -118,8 +130,9 @@ def is_compile_error(e: BaseException) -> bool:
     text = f"{type(e).__name__}: {e}"
     if "out of memory" in text.lower():
         return False
-    return module.startswith(("torch._dynamo", "torch._inductor", "torch._functorch", "triton")) or \
-        any(word in text for word in ("BackendCompilerFailed", "Inductor", "inductor", "dynamo", "Triton", "triton"))
+    return module.startswith(("torch._dynamo", "torch._inductor", "torch._functorch", "triton")) or any(
+        word in text for word in ("BackendCompilerFailed", "Inductor", "inductor", "dynamo", "Triton", "triton")
+    )
 
 
 class CompileFellBack(Exception):
@@ -132,12 +145,18 @@ class CompileFallback:
     tag and the alert) and carries on eagerly, which ``--min-tokens-per-s`` then judges. The backward goes
     through :meth:`backward`, so a failure compiling it falls back the same way."""
 
-    def __init__(self, compiled: Any, eager: Any, log: Log, on_fallback: Callable[[str], None] | None = None,
-                 undo: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        compiled: Any,
+        eager: Any,
+        log: Log,
+        on_fallback: Callable[[str], None] | None = None,
+        undo: Callable[[], None] | None = None,
+    ) -> None:
         self.compiled, self.eager, self.log, self.on_fallback = compiled, eager, log, on_fallback
-        self.undo = undo    # for a compilation made in place (compile_scope blocks): back to eager
+        self.undo = undo  # for a compilation made in place (compile_scope blocks): back to eager
         self.failed: str | None = None
-        self.distributed = False   # under DDP a failed backward cannot be redone in this process (see backward)
+        self.distributed = False  # under DDP a failed backward cannot be redone in this process (see backward)
 
     def __call__(self, *a: Any, **k: Any) -> Any:
         if self.failed is not None:
@@ -166,22 +185,26 @@ class CompileFallback:
                 raise
             self._fall_back(e, " in the backward")
             if self.distributed:
-                raise X1Error(f"torch.compile failed while compiling the backward under DDP ({self.failed}); the "
-                              "step cannot be redone in this process. Relaunch with --no-compile (or "
-                              "--set train.compile_mode=default), and report the torch version") from e
+                raise X1Error(
+                    f"torch.compile failed while compiling the backward under DDP ({self.failed}); the "
+                    "step cannot be redone in this process. Relaunch with --no-compile (or "
+                    "--set train.compile_mode=default), and report the torch version"
+                ) from e
             raise CompileFellBack(self.failed) from e
 
     def _fall_back(self, e: BaseException, where: str) -> None:
         self.failed = f"{type(e).__name__}{where}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         if self.undo is not None:
             self.undo()
-        self.log(f"WARNING: torch.compile failed ({self.failed}); training goes on EAGERLY, typically ~1.7x "
-                 "slower on a GPU: fix the cause or relaunch with --no-compile (--min-tokens-per-s stops a run "
-                 "that falls below the floor in its first hour)")
+        self.log(
+            f"WARNING: torch.compile failed ({self.failed}); training goes on EAGERLY, typically ~1.7x "
+            "slower on a GPU: fix the cause or relaunch with --no-compile (--min-tokens-per-s stops a run "
+            "that falls below the floor in its first hour)"
+        )
         if self.on_fallback is not None:
             try:
                 self.on_fallback(self.failed)
-            except Exception as report_error:   # reporting must not end the run
+            except Exception as report_error:  # reporting must not end the run
                 self.log(f"warning: the compile fallback could not be reported ({report_error})")
 
     def train(self, mode: bool = True) -> Any:
@@ -201,27 +224,40 @@ def forward_kernels(cfg: Any, device: Any, use_flash: bool, log: Log) -> Any:
 
     t = cfg.train
     if use_flash and t.deterministic and not flash_has_deterministic_backward():
-        log("warning: train.deterministic: this flash-attn has no deterministic backward (flash-attn >= 2.4.1 has); "
-            "attention uses PyTorch SDPA")
+        log(
+            "warning: train.deterministic: this flash-attn has no deterministic backward (flash-attn >= 2.4.1 has); "
+            "attention uses PyTorch SDPA"
+        )
         use_flash = False
     elif use_flash and t.deterministic and t.compile and not flash_compiles():
-        log("train.deterministic keeps flash-attn's deterministic backward under torch.compile, although this "
-            "flash-attn build breaks the graph at every attention call (slower: bench/gpu_check.sh measures it)")
+        log(
+            "train.deterministic keeps flash-attn's deterministic backward under torch.compile, although this "
+            "flash-attn build breaks the graph at every attention call (slower: bench/gpu_check.sh measures it)"
+        )
     elif use_flash and t.compile and not flash_compiles():
-        log("attention: this flash-attn build breaks torch.compile's graph at every call (it is not a torch custom "
-            "op before flash-attn 2.7); the compiled model uses PyTorch SDPA's flash backend instead")
+        log(
+            "attention: this flash-attn build breaks torch.compile's graph at every call (it is not a torch custom "
+            "op before flash-attn 2.7); the compiled model uses PyTorch SDPA's flash backend instead"
+        )
         use_flash = False
     if t.deterministic and not use_flash and device.type == "cuda":
-        log("note: train.deterministic with SDPA attention: whether its backward is deterministic depends on the "
-            "torch build (on a CPU it is); bench/gpu_check.sh's A/B checks that gradients repeat bit for bit")
+        log(
+            "note: train.deterministic with SDPA attention: whether its backward is deterministic depends on the "
+            "torch build (on a CPU it is); bench/gpu_check.sh's A/B checks that gradients repeat bit for bit"
+        )
     residual = None
     if t.bf16_residual:
         if t.precision == "bf16":
             residual = torch.bfloat16
         else:
             log(f"note: train.bf16_residual has no effect with train.precision {t.precision!r}")
-    return Kernels(use_flash=use_flash, fused_loss=t.fused_loss, loss_chunk_tokens=t.loss_chunk_tokens,
-                   residual_dtype=residual, deterministic=t.deterministic)
+    return Kernels(
+        use_flash=use_flash,
+        fused_loss=t.fused_loss,
+        loss_chunk_tokens=t.loss_chunk_tokens,
+        residual_dtype=residual,
+        deterministic=t.deterministic,
+    )
 
 
 def make_deterministic(device: Any, log: Log) -> None:
@@ -235,9 +271,11 @@ def make_deterministic(device: Any, log: Log) -> None:
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     _inductor_deterministic(True)
-    log(f"deterministic mode on {device.type}: deterministic algorithms (an op without one warns), cuDNN without "
+    log(
+        f"deterministic mode on {device.type}: deterministic algorithms (an op without one warns), cuDNN without "
         f"benchmarking, CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}; with flash-attn its "
-        "deterministic backward")
+        "deterministic backward"
+    )
 
 
 def undo_deterministic() -> None:
@@ -258,8 +296,9 @@ def _inductor_has_deterministic() -> bool:
 
 
 def _inductor_deterministic(on: bool) -> None:
-    if _inductor_has_deterministic():   # newer torch: no autotuning choices that vary between runs
+    if _inductor_has_deterministic():  # newer torch: no autotuning choices that vary between runs
         import torch._inductor.config as inductor_config
+
         inductor_config.deterministic = on
 
 
@@ -272,11 +311,13 @@ def check_deterministic_compile(cfg: Any, device: Any) -> None:
     t = cfg.train
     if not (t.deterministic and t.compile and device.type == "cuda") or _inductor_has_deterministic():
         return
-    raise X1Error(f"train.deterministic with train.compile needs torch.compile's deterministic mode "
-                  f"(torch._inductor.config.deterministic), which torch {torch.__version__} does not have: Inductor "
-                  "picks its kernels by timing them, so a resumed run may sum in another order. Train eagerly "
-                  "(--no-compile, or --set train.compile=false), drop --set train.deterministic=true, or use a "
-                  "torch that has it")
+    raise X1Error(
+        f"train.deterministic with train.compile needs torch.compile's deterministic mode "
+        f"(torch._inductor.config.deterministic), which torch {torch.__version__} does not have: Inductor "
+        "picks its kernels by timing them, so a resumed run may sum in another order. Train eagerly "
+        "(--no-compile, or --set train.compile=false), drop --set train.deterministic=true, or use a "
+        "torch that has it"
+    )
 
 
 def compiled_in_place(model: Any) -> list[Any]:
@@ -326,9 +367,12 @@ def prepare_compile(log: Log) -> None:
     if threads is not None:
         with contextlib.suppress(ImportError, AttributeError):
             import torch._inductor.config as inductor_config
+
             inductor_config.compile_threads = int(threads)
-    log(f"torch.compile cache: {path} (warm after a first compile of this config on this machine)"
-        + (f"; {threads} compile threads for each of the {ranks} ranks on this host" if ranks > 1 else ""))
+    log(
+        f"torch.compile cache: {path} (warm after a first compile of this config on this machine)"
+        + (f"; {threads} compile threads for each of the {ranks} ranks on this host" if ranks > 1 else "")
+    )
 
 
 def compile_model(model: Any, forward: Any, mode: str, scope: str, log: Log) -> CompileFallback:

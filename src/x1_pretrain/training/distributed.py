@@ -91,19 +91,24 @@ def gather_all(value: Any, world: World) -> list[Any]:
     return out
 
 
-SEND_CHUNK = 64 << 20   # bytes a broadcast carries: a file goes in pieces, never whole in memory
+SEND_CHUNK = 64 << 20  # bytes a broadcast carries: a file goes in pieces, never whole in memory
 
 
 def send_files(src: Path | None, dest: Path | None, world: World, device: Any, sender: int = 0) -> None:
     """Rank ``sender``'s files in its folder ``src`` written into ``dest`` on every rank that gives one (a rank
     with ``dest`` None takes part and keeps nothing). Collective: every rank calls it."""
     sending = world.rank == sender and src is not None
-    listing = from_rank(sorted((p.name, p.stat().st_size) for p in src.iterdir() if p.is_file())
-                         if sending and src is not None else None, world, sender)
+    listing = from_rank(
+        sorted((p.name, p.stat().st_size) for p in src.iterdir() if p.is_file())
+        if sending and src is not None
+        else None,
+        world,
+        sender,
+    )
     if dest is not None:
         dest.mkdir(parents=True, exist_ok=True)
     root = dest if dest is not None else (src if src is not None else Path.cwd())
-    for name, _ in listing:   # a name from another machine, checked on every rank (all stop together, no hang)
+    for name, _ in listing:  # a name from another machine, checked on every rank (all stop together, no hang)
         inside(root, name, f"rank {sender} sent a file named", "not a checkpoint file x1 writes")
     for name, size in listing:
         with contextlib.ExitStack() as files:
@@ -124,8 +129,13 @@ def send_files(src: Path | None, dest: Path | None, world: World, device: Any, s
 
 
 # What a collective raises when another rank is gone: its process died, its machine was lost or stopped.
-PEER_LOST_SIGNS = ("connection closed by peer", "connection reset by peer", "broken pipe",
-                   "nccl communicator was aborted", "timed out waiting")
+PEER_LOST_SIGNS = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "nccl communicator was aborted",
+    "timed out waiting",
+)
 
 
 def peer_lost(e: BaseException) -> bool:

@@ -48,16 +48,20 @@ class RunLock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise X1Error(f"--ckpt-dir {self.path.parent} cannot be created or written ({e.strerror}); choose a "
-                          "writable directory") from None
+            raise X1Error(
+                f"--ckpt-dir {self.path.parent} cannot be created or written ({e.strerror}); choose a "
+                "writable directory"
+            ) from None
         previous = self._read(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise X1Error(f"{self.path.parent} is in use by another trainer: {_describe(previous)}. Two trainers on "
-                          "one checkpoint dir would train the same steps twice at double the cost; stop that one "
-                          "first (or wait for it), or choose another --ckpt-dir") from None
+            raise X1Error(
+                f"{self.path.parent} is in use by another trainer: {_describe(previous)}. Two trainers on "
+                "one checkpoint dir would train the same steps twice at double the cost; stop that one "
+                "first (or wait for it), or choose another --ckpt-dir"
+            ) from None
         except OSError as e:  # a file system without flock (some network mounts)
             if previous and _alive_here(previous) and previous.get("pid") != os.getpid():
                 os.close(fd)
@@ -65,8 +69,12 @@ class RunLock:
             self._log(f"warning: {self.path} cannot be locked ({e.strerror}); relying on its pid check only")
         if previous.get("pid") not in (None, os.getpid()):
             self._log(f"took over a stale lock on {self.path.parent}: {_describe(previous)} is gone")
-        me = {"pid": os.getpid(), "host": socket.gethostname(),
-              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv[:1]}
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "argv": sys.argv[:1],
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
         os.fsync(fd)

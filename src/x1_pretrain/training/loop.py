@@ -39,13 +39,13 @@ class Diverged(Exception):
 class LoopState:
     """What a checkpoint must restore besides weights and optimizer: counts of completed work."""
 
-    step: int = 0                 # optimizer steps completed (the next step to run has this index)
+    step: int = 0  # optimizer steps completed (the next step to run has this index)
     tokens_seen: int = 0
-    train_time_s: float = 0.0     # wall-clock spent in training steps, summed over restarts
+    train_time_s: float = 0.0  # wall-clock spent in training steps, summed over restarts
     last_loss: float = float("nan")
     last_val_loss: float = float("nan")
     last_step_s: float = float("nan")  # duration of the latest step (not saved)
-    last_eval_step: int = -1           # the step the val loss was last measured at (not saved)
+    last_eval_step: int = -1  # the step the val loss was last measured at (not saved)
 
 
 @dataclass
@@ -59,19 +59,19 @@ class Tracker(Protocol):
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None: ...
 
 
-Verdict = tuple[Outcome, bool]   # how the run ends, and whether a checkpoint is written first
+Verdict = tuple[Outcome, bool]  # how the run ends, and whether a checkpoint is written first
 
 
 @dataclass
 class StepReport:
     """One optimizer step as the callbacks see it."""
 
-    step: int                      # steps done (the console's numbering)
-    dt: float                      # its wall-clock seconds
-    metrics: dict[str, float]      # train/loss, train/grad_norm, train/lr; the throughput figures when logged
+    step: int  # steps done (the console's numbering)
+    dt: float  # its wall-clock seconds
+    metrics: dict[str, float]  # train/loss, train/grad_norm, train/lr; the throughput figures when logged
     meter: Throughput
-    logged: bool                   # a logging step (the console line and the metrics were written)
-    checkpoint_now: bool = False   # a SIGUSR1 every rank agreed on (known at the boundary)
+    logged: bool  # a logging step (the console line and the metrics were written)
+    checkpoint_now: bool = False  # a SIGUSR1 every rank agreed on (known at the boundary)
 
 
 class Callback:
@@ -130,27 +130,27 @@ class StopFlag:
 @dataclass
 class Run:
     cfg: Config
-    model: nn.Module                 # what forward runs (compiled or DDP-wrapped)
-    raw_model: nn.Module             # the plain Transformer (for norms, saving)
+    model: nn.Module  # what forward runs (compiled or DDP-wrapped)
+    raw_model: nn.Module  # the plain Transformer (for norms, saving)
     optimizer: torch.optim.Optimizer
     device: torch.device
     batches: Iterator[Batch]
-    chunks: list[int]                # chunk indices this rank runs each step, in order
+    chunks: list[int]  # chunk indices this rank runs each step, in order
     val_batches: list[tuple[torch.Tensor, torch.Tensor]]
     flops_per_token: int
     peak_tflops: float | None
     world: World = field(default_factory=World)
-    ddp: Any = None                  # the DistributedDataParallel wrapper, for no_sync on accumulation steps
+    ddp: Any = None  # the DistributedDataParallel wrapper, for no_sync on accumulation steps
     tracker: Tracker | None = None
     console: Callable[[str], None] = print
     clock: Callable[[], float] = time.monotonic
     stop: StopFlag = field(default_factory=StopFlag)
     checkpointer: CheckpointSaver | None = None
-    callbacks: list[Callback] = field(default_factory=list)   # in order; callbacks.loop_callbacks() first
+    callbacks: list[Callback] = field(default_factory=list)  # in order; callbacks.loop_callbacks() first
     lab_flops_per_token: int | None = None
-    horizon: Horizon | None = None   # where the schedule ends (None: planned for train.total_steps)
-    proposed_end: int = 0            # rank 0's wish for a new end (--budget-fit), agreed at the next boundary
-    alert: Callable[[str, str], None] | None = None   # (subject, body) to the configured channels, if any
+    horizon: Horizon | None = None  # where the schedule ends (None: planned for train.total_steps)
+    proposed_end: int = 0  # rank 0's wish for a new end (--budget-fit), agreed at the next boundary
+    alert: Callable[[str, str], None] | None = None  # (subject, body) to the configured channels, if any
 
     def __post_init__(self) -> None:
         if self.horizon is None:
@@ -265,7 +265,7 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
     n = len(batches)
     try:
         loss_sum = _accumulate(run, batches)
-    except CompileFellBack:   # the backward's compile failed: the fallback is eager now, the step starts again
+    except CompileFellBack:  # the backward's compile failed: the fallback is eager now, the step starts again
         run.optimizer.zero_grad(set_to_none=True)
         loss_sum = _accumulate(run, batches)
     clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
@@ -303,14 +303,21 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
         verdict = next((v for cb in run.callbacks if (v := cb.after_step(run, state, report)) is not None), None)
         # Every rank acts on the same decisions at the same step: rank 0's verdict, anyone's signal.
         code, want_ckpt, stop, ckpt_now = agree_max(
-            [verdict[0].exit_code if verdict else 0, int(verdict[1]) if verdict else 0,
-             int(run.stop.requested is not None), int(run.stop.checkpoint_now)], run.world, run.device)
+            [
+                verdict[0].exit_code if verdict else 0,
+                int(verdict[1]) if verdict else 0,
+                int(run.stop.requested is not None),
+                int(run.stop.checkpoint_now),
+            ],
+            run.world,
+            run.device,
+        )
         if code:
             outcome = verdict[0] if verdict else Outcome(code, "stopped by rank 0", report.step)
             # A budget stop ends the run for good: its checkpoint is the final one (final.safetensors).
             return _end(run, state, outcome, checkpoint=bool(want_ckpt), final=code == EXIT_BUDGET_CHECKPOINT)
         _agree_end(run, report.step)
-        if run.end_step <= report.step and not report.logged:   # the fit pulled the end here: the last step
+        if run.end_step <= report.step and not report.logged:  # the fit pulled the end here: the last step
             _log_step(run, state, report)
         report.checkpoint_now = bool(ckpt_now)
         for cb in run.callbacks:
@@ -322,11 +329,14 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
             run.console(f"{why} received: stopping after step {report.step} with a checkpoint")
             return _end(run, state, Outcome(EXIT_INTERRUPTED, f"interrupted by {why}", report.step), checkpoint=True)
 
-    if state.last_eval_step != state.step:   # not evaluated at this step already (an end the fit pulled here)
+    if state.last_eval_step != state.step:  # not evaluated at this step already (an end the fit pulled here)
         evaluate_and_tell(run, state)
     total = run.cfg.train.total_steps
-    why = "finished" if run.end_step == total else \
-        f"finished at the end the budget fitted (step {run.end_step} of at most {total})"
+    why = (
+        "finished"
+        if run.end_step == total
+        else f"finished at the end the budget fitted (step {run.end_step} of at most {total})"
+    )
     return _end(run, state, Outcome(EXIT_OK, why, state.step), checkpoint=True, final=True)
 
 
@@ -343,8 +353,9 @@ def _one_step(run: Run, state: LoopState, meter: Throughput) -> StepReport:
     state.train_time_s += dt
     state.last_step_s = dt
     state.last_loss = loss
-    report = StepReport(state.step, dt, {N.TRAIN_LOSS: loss, N.TRAIN_GRAD_NORM: grad_norm, N.TRAIN_LR: lr}, meter,
-                        logged=False)
+    report = StepReport(
+        state.step, dt, {N.TRAIN_LOSS: loss, N.TRAIN_GRAD_NORM: grad_norm, N.TRAIN_LR: lr}, meter, logged=False
+    )
     done, every = state.step, run.cfg.train.log_every
     if done % every == 0 or done == 1 or done == run.end_step:
         _log_step(run, state, report)
@@ -362,11 +373,17 @@ def _log_step(run: Run, state: LoopState, report: StepReport) -> None:
     peak = run.peak_tflops * 1e12 * run.world_size if run.peak_tflops else None
     mfu = tps * run.flops_per_token / peak if peak else float("nan")
     mfu_lab = tps * run.lab_flops_per_token / peak if peak and run.lab_flops_per_token else float("nan")
-    metrics.update({
-        N.TRAIN_PARAM_NORM: param_norm(run.raw_model), N.TRAIN_TOKENS_PER_S: tps, N.TRAIN_MFU: mfu,
-        N.TRAIN_MFU_LAB_6N: mfu_lab, N.TRAIN_STEP_TIME_S: mean_dt, N.TRAIN_TOKENS_SEEN: float(state.tokens_seen),
-    })
-    if run.device.type == "cuda":   # the high-water mark of this process (allocated, not cached)
+    metrics.update(
+        {
+            N.TRAIN_PARAM_NORM: param_norm(run.raw_model),
+            N.TRAIN_TOKENS_PER_S: tps,
+            N.TRAIN_MFU: mfu,
+            N.TRAIN_MFU_LAB_6N: mfu_lab,
+            N.TRAIN_STEP_TIME_S: mean_dt,
+            N.TRAIN_TOKENS_SEEN: float(state.tokens_seen),
+        }
+    )
+    if run.device.type == "cuda":  # the high-water mark of this process (allocated, not cached)
         metrics[N.TRAIN_PEAK_MEM_GIB] = torch.cuda.max_memory_allocated(run.device) / 2**30
     done, end = state.step, run.end_step
     if run.tracker is not None:
@@ -377,8 +394,10 @@ def _log_step(run: Run, state: LoopState, report: StepReport) -> None:
         mfu_s = f"MFU {mfu * 100:5.1f}% honest{lab}"
     else:
         mfu_s = "MFU n/a (no --peak-tflops)"
-    run.console(f"step {done:>7}/{end} | loss {metrics[N.TRAIN_LOSS]:7.4f} | lr {metrics[N.TRAIN_LR]:.2e} | "
-                f"grad {metrics[N.TRAIN_GRAD_NORM]:7.3f} | {tps:10,.0f} tok/s | {mfu_s} | ETA {_fmt_eta(eta)}")
+    run.console(
+        f"step {done:>7}/{end} | loss {metrics[N.TRAIN_LOSS]:7.4f} | lr {metrics[N.TRAIN_LR]:.2e} | "
+        f"grad {metrics[N.TRAIN_GRAD_NORM]:7.3f} | {tps:10,.0f} tok/s | {mfu_s} | ETA {_fmt_eta(eta)}"
+    )
 
 
 def _agree_end(run: Run, next_step: int) -> None:
@@ -396,8 +415,12 @@ def _agree_end(run: Run, next_step: int) -> None:
         run.horizon = retarget(run.horizon, next_step, end, run.cfg.optim)
     elif next_step > 0:
         run.console(f"budget fit: the end it fitted (step {end}) is here already: the run ends at step {next_step}")
-        run.horizon = replace(run.horizon, end_step=next_step, decay_start=min(run.horizon.decay_start, next_step),
-                              anchor_step=min(run.horizon.anchor_step, next_step))
+        run.horizon = replace(
+            run.horizon,
+            end_step=next_step,
+            decay_start=min(run.horizon.decay_start, next_step),
+            anchor_step=min(run.horizon.anchor_step, next_step),
+        )
 
 
 def evaluate_and_tell(run: Run, state: LoopState) -> float:

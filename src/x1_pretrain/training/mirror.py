@@ -39,17 +39,17 @@ from . import run_owner
 
 STAGING = ".mirror"
 MLFLOW_DB = N.MLFLOW_DB
-MLFLOW_FILES = "mlruns"       # a file:// MLflow store goes up file by file under this key
+MLFLOW_FILES = "mlruns"  # a file:// MLflow store goes up file by file under this key
 BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
-UPLOAD_PROCESS_MIN_BYTES = 1 << 20   # with upload_process: files this large go up from the child process
+UPLOAD_PROCESS_MIN_BYTES = 1 << 20  # with upload_process: files this large go up from the child process
 
 Log = Callable[[str], None]
 
 
 @dataclass
 class _Job:
-    kind: str              # "checkpoint", "file", "mlflow" (sqlite) or "mlflow_files" (a file:// store)
-    name: str              # the step dir's name, the file's name, or the sqlite file's path
+    kind: str  # "checkpoint", "file", "mlflow" (sqlite) or "mlflow_files" (a file:// store)
+    name: str  # the step dir's name, the file's name, or the sqlite file's path
     staged: Path | None = None
     step: int = -1
 
@@ -68,9 +68,9 @@ def mlflow_store(mlflow_uri: str | None, ckpt_dir: Path) -> MlflowStore | None:
     if not mlflow_uri:
         return MlflowStore(ckpt_dir.resolve() / MLFLOW_DB, True)
     if mlflow_uri.startswith("sqlite:///"):
-        return MlflowStore(Path(mlflow_uri[len("sqlite:///"):]), True)
+        return MlflowStore(Path(mlflow_uri[len("sqlite:///") :]), True)
     if mlflow_uri.startswith("file://"):
-        return MlflowStore(Path(mlflow_uri[len("file://"):]), False)
+        return MlflowStore(Path(mlflow_uri[len("file://") :]), False)
     if "://" not in mlflow_uri:
         return MlflowStore(Path(mlflow_uri), False)
     return None
@@ -83,7 +83,7 @@ class _UploadProcess:
     ``MAX_DEATHS`` in a row the mirror uploads in-process instead (``put_file`` returns False)."""
 
     MAX_DEATHS = 3
-    MIN_RATE_BPS = 1 << 20    # an answer may take the store's timeouts plus the file at 1 MB/s
+    MIN_RATE_BPS = 1 << 20  # an answer may take the store's timeouts plus the file at 1 MB/s
 
     def __init__(self, store: Store, log: Log) -> None:
         self.store, self._log = store, log
@@ -100,7 +100,12 @@ class _UploadProcess:
             if self.proc is None or self.proc.poll() is not None:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-m", "x1_pretrain.training.upload_worker", str(os.getpid())],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, start_new_session=True)
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    bufsize=1,
+                    start_new_session=True,
+                )
             return self.proc
 
     def put_file(self, path: Path, rel: str, metadata: dict[str, str] | None = None) -> bool:
@@ -113,8 +118,14 @@ class _UploadProcess:
             raise StoreError("other", "the mirror is closed")
         self._next_id += 1
         size = path.stat().st_size
-        request = {"id": self._next_id, "url": str(self.store.url), "path": str(path.resolve()), "rel": rel,
-                   "timeouts": list(self.store.timeouts), "metadata": metadata or {}}
+        request = {
+            "id": self._next_id,
+            "url": str(self.store.url),
+            "path": str(path.resolve()),
+            "rel": rel,
+            "timeouts": list(self.store.timeouts),
+            "metadata": metadata or {},
+        }
         connect, read, attempts = self.store.timeouts
         wait_s = (connect + read) * max(int(attempts), 1) + size / self.MIN_RATE_BPS
         answer = self._ask(proc, request, wait_s)
@@ -144,7 +155,7 @@ class _UploadProcess:
         except (OSError, ValueError):
             return None
         if not isinstance(answer, dict) or answer.get("id") != request["id"]:
-            return None   # out of step with the worker: never take another request's answer for this one
+            return None  # out of step with the worker: never take another request's answer for this one
         return answer
 
     def _died(self, proc: subprocess.Popen[str], wait_s: float) -> NoReturn:
@@ -153,8 +164,10 @@ class _UploadProcess:
         self._deaths += 1
         why = f"it exited with {code}" if code is not None else f"no answer within {wait_s:.0f} s"
         if self._deaths >= self.MAX_DEATHS:
-            self._log(f"warning: the mirror's upload process failed {self._deaths} times in a row ({why}); "
-                      "uploading from the trainer's process from now on")
+            self._log(
+                f"warning: the mirror's upload process failed {self._deaths} times in a row ({why}); "
+                "uploading from the trainer's process from now on"
+            )
         raise StoreError("unreachable", f"the upload process gave no answer ({why}); it is started again")
 
     def _kill(self, proc: subprocess.Popen[str]) -> None:
@@ -178,34 +191,41 @@ class Mirror:
     """Uploads for one checkpoint dir (rank 0's). ``checkpoint``, ``file`` and ``mlflow`` queue work and return at
     once; ``drain`` waits for the queue within a deadline; ``close`` ends the worker."""
 
-    def __init__(self, store: Store, ckpt_dir: Path, keep_last: int, log: Log,
-                 alert: Callable[[str, str], Any] | None = None, sleep: Callable[[float], None] | None = None,
-                 upload_process: bool = False) -> None:
+    def __init__(
+        self,
+        store: Store,
+        ckpt_dir: Path,
+        keep_last: int,
+        log: Log,
+        alert: Callable[[str, str], Any] | None = None,
+        sleep: Callable[[float], None] | None = None,
+        upload_process: bool = False,
+    ) -> None:
         self.store, self.dir, self.keep_last, self._log, self._alert = store, ckpt_dir, keep_last, log, alert
         self._cv = threading.Condition()
         self._queue: list[_Job] = []
         self._busy = False
         self._closed = False
-        self.failing = 0                   # failed attempts in the current episode (0: none)
+        self.failing = 0  # failed attempts in the current episode (0: none)
         self.last_error: str | None = None
-        self.remote_latest: str | None = None   # what the remote's ``latest`` names, as far as this process knows
+        self.remote_latest: str | None = None  # what the remote's ``latest`` names, as far as this process knows
         self.uploaded_bytes = 0
         self.upload_s = 0.0
         self._wait = sleep
-        self._sent: dict[str, tuple[int, int]] = {}   # a file store's files as last uploaded (size, mtime)
+        self._sent: dict[str, tuple[int, int]] = {}  # a file store's files as last uploaded (size, mtime)
         # who this run is (run_owner): read from the checkpoint dir; None until the mirror claims a prefix
         self.run_id: str | None = run_owner.local_id(ckpt_dir)
-        self.resume = False                  # a --resume-from-latest run: it may claim a prefix of ownerless steps
-        self.refused: str | None = None      # the run that owns the prefix when it is not this one: nothing goes up
-        self.refusal: str | None = None      # then why, as the launch would have said it (the run stops with it)
-        self.remote_newest = -1              # the newest complete remote step as last listed (-1: none, unknown)
-        self._checked_in = False             # owner checked, old multipart uploads aborted, remote_newest listed
+        self.resume = False  # a --resume-from-latest run: it may claim a prefix of ownerless steps
+        self.refused: str | None = None  # the run that owns the prefix when it is not this one: nothing goes up
+        self.refusal: str | None = None  # then why, as the launch would have said it (the run stops with it)
+        self.remote_newest = -1  # the newest complete remote step as last listed (-1: none, unknown)
+        self._checked_in = False  # owner checked, old multipart uploads aborted, remote_newest listed
         self._started_unix = time.time()
-        self._said: set[str] = set()         # the once-only warnings given
+        self._said: set[str] = set()  # the once-only warnings given
         # large files go up from a niced child process (no GIL shared with training), small ones from here
         self._uploader = _UploadProcess(store, log) if upload_process else None
         self._thread: threading.Thread | None = None
-        shutil.rmtree(ckpt_dir / STAGING, ignore_errors=True)   # what a killed process left staged
+        shutil.rmtree(ckpt_dir / STAGING, ignore_errors=True)  # what a killed process left staged
 
     def start(self) -> Mirror:
         self._thread = threading.Thread(target=self._work, name="x1-mirror", daemon=True)
@@ -222,13 +242,13 @@ class Mirror:
             if f.is_file():
                 try:
                     os.link(f, staged / f.name)
-                except OSError:   # a file system without hard links
+                except OSError:  # a file system without hard links
                     shutil.copy2(f, staged / f.name)
         step = int(ck.STEP_RE.match(step_dir.name).group(1))  # type: ignore[union-attr]
         with self._cv:
             started = self._queue[0] if self._busy and self._queue else None
             for old in [j for j in self._queue if j.kind == "checkpoint" and j.step < step and j is not started]:
-                self._queue.remove(old)      # not started: the newer one replaces it
+                self._queue.remove(old)  # not started: the newer one replaces it
                 if old.staged is not None:
                     shutil.rmtree(old.staged, ignore_errors=True)
                 self._log(f"mirror: {old.name} was not uploaded yet; {step_dir.name} replaces it")
@@ -273,7 +293,7 @@ class Mirror:
             self._closed = True
             self._cv.notify_all()
         if self._uploader is not None:
-            self._uploader.close()   # an upload in flight ends now (its step dir is not named remotely yet)
+            self._uploader.close()  # an upload in flight ends now (its step dir is not named remotely yet)
         if self._thread is not None:
             self._thread.join(timeout_s)
 
@@ -289,11 +309,11 @@ class Mirror:
             try:
                 self._run(job)
             except (StoreError, OSError) as e:
-                if self._closed:   # an upload that close() ended: not a store failure worth a warning
+                if self._closed:  # an upload that close() ended: not a store failure worth a warning
                     return
                 self._failed(job, e)
                 continue
-            except Exception as e:   # anything else from the client: retried like a store failure, never fatal
+            except Exception as e:  # anything else from the client: retried like a store failure, never fatal
                 self._failed(job, StoreError("other", scrub(f"{type(e).__name__}: {e}")))
                 continue
             finally:
@@ -330,9 +350,10 @@ class Mirror:
 
     def _put(self, path: Path, rel: str) -> None:
         size = path.stat().st_size
-        meta = {run_owner.META_KEY: self.run_id} if self.run_id else None   # whose object it is: prune reads it
-        if not (self._uploader is not None and size >= UPLOAD_PROCESS_MIN_BYTES
-                and self._uploader.put_file(path, rel, meta)):
+        meta = {run_owner.META_KEY: self.run_id} if self.run_id else None  # whose object it is: prune reads it
+        if not (
+            self._uploader is not None and size >= UPLOAD_PROCESS_MIN_BYTES and self._uploader.put_file(path, rel, meta)
+        ):
             self.store.put_file(path, rel, metadata=meta)
         self.uploaded_bytes += size
 
@@ -354,17 +375,22 @@ class Mirror:
             blob = ledger.merge(local, remote) if remote is not None else local
             data = (json.dumps(blob, indent=1) + "\n").encode()
             try:
-                self.store.put_bytes(data, LEDGER_FILE, if_match=cur[1] if cur else None, if_none_match=cur is None,
-                                     metadata=meta)
-            except StoreError as e:   # another writer changed it between the read and the write: read it again
+                self.store.put_bytes(
+                    data, LEDGER_FILE, if_match=cur[1] if cur else None, if_none_match=cur is None, metadata=meta
+                )
+            except StoreError as e:  # another writer changed it between the read and the write: read it again
                 if e.kind != "conflict" and e.detail.split(":")[0] not in MISSING_KEY_CODES:
                     raise
                 continue
             self.uploaded_bytes += len(data)
             if ledger.spent(blob) > ledger.spent(local):
-                self._warn_once("ledger-merged", f"the remote {LEDGER_FILE} in {self.store.url} counted "
-                                f"${ledger.spent(remote):.2f}, more than this run's ${ledger.spent(local):.2f}: "
-                                "the larger spend stays in the remote's", alert=False)
+                self._warn_once(
+                    "ledger-merged",
+                    f"the remote {LEDGER_FILE} in {self.store.url} counted "
+                    f"${ledger.spent(remote):.2f}, more than this run's ${ledger.spent(local):.2f}: "
+                    "the larger spend stays in the remote's",
+                    alert=False,
+                )
             return
         raise StoreError("conflict", f"the remote {LEDGER_FILE} kept changing under this run's writes")
 
@@ -386,7 +412,7 @@ class Mirror:
             if owner == mine:
                 self.run_id = mine
                 self._log(f"mirror: {self.store.url} belongs to run {owner}")
-        if owner != self.run_id:   # never adopted without proof (run_owner.identity)
+        if owner != self.run_id:  # never adopted without proof (run_owner.identity)
             self._refuse(owner, run_owner.refusal(self.store, owner, self.run_id))
             return
         run_owner.keep_local(self.dir, self.run_id)
@@ -403,15 +429,22 @@ class Mirror:
 
     def _refuse(self, owner: str, why: Exception) -> None:
         self.refusal, self.refused, self._checked_in = str(why), owner, True
-        msg = (f"{why}. The mirror uploads nothing there and deletes nothing; the run stops at its next step "
-               "boundary with a local checkpoint (exit 2)")
+        msg = (
+            f"{why}. The mirror uploads nothing there and deletes nothing; the run stops at its next step "
+            "boundary with a local checkpoint (exit 2)"
+        )
         self._log(f"WARNING: {msg}")
         self._send(f"x1 checkpoint mirror refused ({self.store.url})", msg + ".")
 
     @staticmethod
     def _newest_complete(objects: dict[str, int]) -> int:
-        steps = [int(m.group(1)) for k in objects if k.endswith("/" + ck.DONE_FILE)
-                 for m in [ck.STEP_RE.match(k.split("/")[0])] if m]
+        steps = [
+            int(m.group(1))
+            for k in objects
+            if k.endswith("/" + ck.DONE_FILE)
+            for m in [ck.STEP_RE.match(k.split("/")[0])]
+            if m
+        ]
         return max(steps, default=-1)
 
     def _behind(self, job: _Job) -> bool:
@@ -419,16 +452,19 @@ class Mirror:
         reached at its launch) must not replace the newer remote state: its older checkpoints, ledger, exit status
         and MLflow copy are not uploaded (one loud warning) until it has a checkpoint newer than the remote's."""
         if job.kind == "checkpoint":
-            return False   # decided on a fresh listing in _upload_checkpoint
+            return False  # decided on a fresh listing in _upload_checkpoint
         latest = ck.read_latest(self.dir)
         m = ck.STEP_RE.match(latest or "")
         here = int(m.group(1)) if m else -1
         if here >= self.remote_newest:
             return False
-        self._warn_once("behind", f"the remote {self.store.url} holds {ck.step_dir_name(self.remote_newest)}, newer "
-                                  f"than this run's {latest or 'nothing'}: the ledger, the exit status and the MLflow "
-                                  "copy are not uploaded over it until this run has a newer checkpoint (relaunch "
-                                  "with --resume-from-latest to continue from the remote's)")
+        self._warn_once(
+            "behind",
+            f"the remote {self.store.url} holds {ck.step_dir_name(self.remote_newest)}, newer "
+            f"than this run's {latest or 'nothing'}: the ledger, the exit status and the MLflow "
+            "copy are not uploaded over it until this run has a newer checkpoint (relaunch "
+            "with --resume-from-latest to continue from the remote's)",
+        )
         return True
 
     def _warn_once(self, key: str, msg: str, alert: bool = True) -> None:
@@ -445,37 +481,43 @@ class Mirror:
             cur = self.store.get_tagged(ck.LATEST)
             m = ck.STEP_RE.match(cur[0].decode(errors="replace").strip()) if cur else None
             if m and m.group(0) > name:
-                self._warn_once(f"latest-{m.group(0)}", f"the remote latest names {m.group(0)}, newer than {name}: "
-                                                        "it is left as it is")
+                self._warn_once(
+                    f"latest-{m.group(0)}",
+                    f"the remote latest names {m.group(0)}, newer than {name}: it is left as it is",
+                )
                 return False
             try:
-                self.store.put_bytes(f"{name}\n".encode(), ck.LATEST, if_match=cur[1] if cur else None,
-                                     if_none_match=cur is None)
+                self.store.put_bytes(
+                    f"{name}\n".encode(), ck.LATEST, if_match=cur[1] if cur else None, if_none_match=cur is None
+                )
                 return True
-            except StoreError as e:   # another writer moved it between the read and the write: read it again
+            except StoreError as e:  # another writer moved it between the read and the write: read it again
                 if e.kind != "conflict" and e.detail.split(":")[0] not in MISSING_KEY_CODES:
                     raise
         raise StoreError("conflict", f"the remote {ck.LATEST} kept changing under this run's writes")
 
     def _upload_checkpoint(self, job: _Job) -> None:
         assert job.staged is not None
-        if job.name != self.remote_latest:   # not uploaded by this process already (a retry after a failed prune)
+        if job.name != self.remote_latest:  # not uploaded by this process already (a retry after a failed prune)
             listing = self.store.list_objects("step_")
             self.remote_newest = self._newest_complete(listing)
             there = {k.split("/", 1)[1] for k in listing if k.startswith(job.name + "/")}
-            if there and not self._wrote(job.name, there):   # the same step name, written by something else
+            if there and not self._wrote(job.name, there):  # the same step name, written by something else
                 shutil.rmtree(job.staged, ignore_errors=True)
                 return
-            if job.step < self.remote_newest:   # an older local fallback: the newer remote step stays, untouched
-                self._warn_once("older", f"{job.name} is older than the remote's "
-                                f"{ck.step_dir_name(self.remote_newest)} in {self.store.url}: it is not uploaded, "
-                                "the remote latest stays and nothing newer is deleted (relaunch with "
-                                "--resume-from-latest to continue from the remote's)")
+            if job.step < self.remote_newest:  # an older local fallback: the newer remote step stays, untouched
+                self._warn_once(
+                    "older",
+                    f"{job.name} is older than the remote's "
+                    f"{ck.step_dir_name(self.remote_newest)} in {self.store.url}: it is not uploaded, "
+                    "the remote latest stays and nothing newer is deleted (relaunch with "
+                    "--resume-from-latest to continue from the remote's)",
+                )
                 shutil.rmtree(job.staged, ignore_errors=True)
                 return
             files = sorted(f for f in job.staged.iterdir() if f.name != ck.DONE_FILE)
             self._unname(job.name)
-            self.store.delete([f"{job.name}/{ck.DONE_FILE}"])   # a step written again is incomplete until its DONE
+            self.store.delete([f"{job.name}/{ck.DONE_FILE}"])  # a step written again is incomplete until its DONE
             for f in files:
                 self._put(f, f"{job.name}/{f.name}")
             self._put(job.staged / ck.DONE_FILE, f"{job.name}/{ck.DONE_FILE}")
@@ -484,11 +526,12 @@ class Mirror:
                 shutil.rmtree(job.staged, ignore_errors=True)
                 return
             self.remote_latest = job.name
-            self._log(f"mirror: {job.name} is in {self.store.url} "
-                      f"({sum(f.stat().st_size for f in files) / 1e6:,.1f} MB)")
+            self._log(
+                f"mirror: {job.name} is in {self.store.url} ({sum(f.stat().st_size for f in files) / 1e6:,.1f} MB)"
+            )
         try:
             self._prune(job.name)
-        except StoreError as e:   # the checkpoint is up: a prune that fails is tried again after the next one
+        except StoreError as e:  # the checkpoint is up: a prune that fails is tried again after the next one
             self._log(f"warning: the mirror could not prune old checkpoints in {self.store.url} ({e.detail})")
         shutil.rmtree(job.staged, ignore_errors=True)
 
@@ -498,11 +541,15 @@ class Mirror:
         cur = self.store.get_tagged(ck.LATEST)
         if cur is None or cur[0] != f"{name}\n".encode():
             return
-        others = sorted(k.split("/")[0] for k in self.store.list_objects("step_")
-                        if k.endswith("/" + ck.DONE_FILE) and not k.startswith(name + "/"))
-        if others:   # the newest one before it (the timeline this run continues), else any
-            self.store.put_bytes(f"{([o for o in others if o < name] or others)[-1]}\n".encode(), ck.LATEST,
-                                 if_match=cur[1])   # a writer that moved it meanwhile wins: retried after a read
+        others = sorted(
+            k.split("/")[0]
+            for k in self.store.list_objects("step_")
+            if k.endswith("/" + ck.DONE_FILE) and not k.startswith(name + "/")
+        )
+        if others:  # the newest one before it (the timeline this run continues), else any
+            self.store.put_bytes(
+                f"{([o for o in others if o < name] or others)[-1]}\n".encode(), ck.LATEST, if_match=cur[1]
+            )  # a writer that moved it meanwhile wins: retried after a read
         else:
             self.store.delete([ck.LATEST])
 
@@ -511,7 +558,7 @@ class Mirror:
         a killed machine left) go too. Only after a listing that succeeded, only step dirs this run wrote (their
         objects carry its id), and never a complete step newer than ``newest``. A PIN file added locally after
         a step went up is uploaded and holds remotely too."""
-        objects = self.store.list_objects("step_")   # a StoreError here: nothing is deleted
+        objects = self.store.list_objects("step_")  # a StoreError here: nothing is deleted
         by_step: dict[str, set[str]] = {}
         for rel in objects:
             step_name, _, name = rel.partition("/")
@@ -524,8 +571,8 @@ class Mirror:
                 names.add(ck.PIN_FILE)
         pinned = {s for s, n in by_step.items() if ck.PIN_FILE in n}
         complete = sorted(s for s, names in by_step.items() if ck.DONE_FILE in names and s <= newest)
-        keep = set(complete[-self.keep_last:]) | {newest} | pinned
-        keep |= {s for s, names in by_step.items() if ck.DONE_FILE in names and s > newest}   # never a newer one
+        keep = set(complete[-self.keep_last :]) | {newest} | pinned
+        keep |= {s for s, names in by_step.items() if ck.DONE_FILE in names and s > newest}  # never a newer one
         doomed = [s for s in by_step if s not in keep and self._wrote(s, by_step[s])]
         if doomed:
             self.store.delete([f"{s}/{n}" for s in sorted(doomed) for n in sorted(by_step[s])])
@@ -540,9 +587,13 @@ class Mirror:
         if found is not None and self.run_id and found[1].get(run_owner.META_KEY) == self.run_id:
             return True
         if found is not None:
-            self._warn_once(f"foreign-{step_name}", f"{step_name} in {self.store.url} was not written by this run "
-                            f"({run_owner.META_KEY} {found[1].get(run_owner.META_KEY) or 'absent'}): it is kept, "
-                            "never deleted nor written over", alert=False)
+            self._warn_once(
+                f"foreign-{step_name}",
+                f"{step_name} in {self.store.url} was not written by this run "
+                f"({run_owner.META_KEY} {found[1].get(run_owner.META_KEY) or 'absent'}): it is kept, "
+                "never deleted nor written over",
+                alert=False,
+            )
         return False
 
     def _upload_mlflow(self, db: Path) -> None:
@@ -578,18 +629,21 @@ class Mirror:
     def _failed(self, job: _Job, e: BaseException) -> None:
         what = e.detail if isinstance(e, StoreError) else f"{type(e).__name__}: {e}"
         if isinstance(e, FileNotFoundError) and job.kind != "checkpoint":
-            with self._cv:   # a file that is gone has nothing to upload
+            with self._cv:  # a file that is gone has nothing to upload
                 if self._queue and self._queue[0] is job:
                     self._queue.pop(0)
             return
         self.failing += 1
         self.last_error = what
         if self.failing == 1:
-            msg = (f"the mirror to {self.store.url} failed ({what}); local checkpoints go on, the upload of "
-                   f"{job.name} is retried with backoff and the mirror catches up when the store answers")
+            msg = (
+                f"the mirror to {self.store.url} failed ({what}); local checkpoints go on, the upload of "
+                f"{job.name} is retried with backoff and the mirror catches up when the store answers"
+            )
             self._log(f"WARNING: {msg}")
-            self._send(f"x1 checkpoint mirror failing ({self.store.url})", msg + ". No further alert until it "
-                       "recovers.")
+            self._send(
+                f"x1 checkpoint mirror failing ({self.store.url})", msg + ". No further alert until it recovers."
+            )
         delay = BACKOFF_S[min(self.failing - 1, len(BACKOFF_S) - 1)]
         if self._wait is not None:
             self._wait(delay)
@@ -614,5 +668,5 @@ class Mirror:
             return
         try:
             self._alert(subject, body)
-        except Exception as e:   # an alert must not stop the mirror
+        except Exception as e:  # an alert must not stop the mirror
             self._log(f"warning: a mirror alert could not be sent ({e})")

@@ -16,8 +16,7 @@ def build_optimizer(model: Any, cfg: Any, device: Any) -> Any:
             decay.append(p)
         else:
             no_decay.append(p)
-    groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": cfg.optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     kwargs: dict[str, Any] = {"lr": cfg.optim.lr, "betas": (cfg.optim.beta1, cfg.optim.beta2), "eps": cfg.optim.eps}
     if device.type == "cuda":
         kwargs["fused"] = True

@@ -69,14 +69,18 @@ def pull(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | Non
     try:
         return _pull(store, ckpt_dir, log, mlflow_store)
     except StoreError as e:
-        text = f"--ckpt-remote {store.url} failed during the download ({e.detail}); the checkpoint dir {ckpt_dir} " \
-               "keeps what it had"
+        text = (
+            f"--ckpt-remote {store.url} failed during the download ({e.detail}); the checkpoint dir {ckpt_dir} "
+            "keeps what it had"
+        )
         if e.kind == "unreachable" and _newest_local(ckpt_dir, log) < 0:
             raise _StoreDown(text, e.detail) from None
         raise RemoteUnavailable(f"{text}. Exit 1: the watchdog relaunches") from None
     except OSError as e:
-        raise RemoteUnavailable(f"--ckpt-remote {store.url}: the download could not be written to {ckpt_dir} "
-                                f"({e.strerror or e}); free space there. Exit 1: the watchdog relaunches") from None
+        raise RemoteUnavailable(
+            f"--ckpt-remote {store.url}: the download could not be written to {ckpt_dir} "
+            f"({e.strerror or e}); free space there. Exit 1: the watchdog relaunches"
+        ) from None
 
 
 def _pull(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | None) -> str | None:
@@ -85,14 +89,18 @@ def _pull(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | No
         objects = store.list_objects("")
     except StoreError as e:
         if local >= 0:
-            log(f"WARNING: --ckpt-remote {store.url} cannot be read ({e.detail}); resuming from the local "
-                f"{ck.step_dir_name(local)}")
+            log(
+                f"WARNING: --ckpt-remote {store.url} cannot be read ({e.detail}); resuming from the local "
+                f"{ck.step_dir_name(local)}"
+            )
             return None
         if e.kind == "unreachable":
             raise _StoreDown(f"--ckpt-remote {store.url} cannot be reached ({e.detail})", e.detail) from None
-        raise RemoteUnavailable(f"--ckpt-remote {store.url} cannot be read ({e.detail}) and {ckpt_dir} holds no "
-                                "checkpoint: not starting fresh over a run the remote may hold. Exit 1: the "
-                                "watchdog relaunches; check AWS_ENDPOINT_URL and the network") from None
+        raise RemoteUnavailable(
+            f"--ckpt-remote {store.url} cannot be read ({e.detail}) and {ckpt_dir} holds no "
+            "checkpoint: not starting fresh over a run the remote may hold. Exit 1: the "
+            "watchdog relaunches; check AWS_ENDPOINT_URL and the network"
+        ) from None
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     _same_run(store, ckpt_dir, objects)
     pulled = _pull_checkpoint(store, ckpt_dir, objects, local, log)
@@ -132,8 +140,10 @@ def _pull_mlflow(store: Store, objects: dict[str, int], where: MlflowStore, log:
     elif files and not where.sqlite:
         tmp = target.with_name(f".{target.name}.pull-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        dests = {rel: inside(tmp, rel[len(MLFLOW_FILES) + 1:], f"the bucket key {store.url}/{rel} names",
-                             _HOSTILE) for rel in files}   # every key checked before anything is written
+        dests = {
+            rel: inside(tmp, rel[len(MLFLOW_FILES) + 1 :], f"the bucket key {store.url}/{rel} names", _HOSTILE)
+            for rel in files
+        }  # every key checked before anything is written
         try:
             for rel in files:
                 dest = dests[rel]
@@ -174,8 +184,10 @@ def _pull_checkpoint(store: Store, ckpt_dir: Path, objects: dict[str, int], loca
         tmp.mkdir()
         try:
             size = 0
-            dests = {f: inside(tmp, f, f"the bucket key {store.url}/{name}/{f} names", _HOSTILE)
-                     for f in sorted(by_step[name])}
+            dests = {
+                f: inside(tmp, f, f"the bucket key {store.url}/{name}/{f} names", _HOSTILE)
+                for f in sorted(by_step[name])
+            }
             for f, dest in dests.items():
                 store.get_file(f"{name}/{f}", dest)
                 size += dest.stat().st_size
@@ -206,7 +218,7 @@ def _pull_ledger(store: Store, ckpt_dir: Path, objects: dict[str, int], log: Log
     if data is None:
         return
     remote, problem = parse_text(data, f"the remote {store.url}/{LEDGER_FILE}")
-    if remote is None:   # a list, garbage, a negative or infinite bill: never trusted, kept for a post-mortem
+    if remote is None:  # a list, garbage, a negative or infinite bill: never trusted, kept for a post-mortem
         aside = ckpt_dir / f"{LEDGER_FILE}.remote-bad-{int(time.time())}"
         try:
             aside.write_bytes(data)
@@ -216,7 +228,7 @@ def _pull_ledger(store: Store, ckpt_dir: Path, objects: dict[str, int], log: Log
         log(f"budget warning: {problem}; not used{kept}; the local ledger stands")
         return
     local, _ = read(ckpt_dir / LEDGER_FILE)
-    merged = merge(local, remote)   # only ever raises the money counted here; the alerts state stays this disk's
+    merged = merge(local, remote)  # only ever raises the money counted here; the alerts state stays this disk's
     if (local is None and spent(remote) < 0) or merged == local:
         return
     write_text_atomic(ckpt_dir / LEDGER_FILE, json.dumps(merged, indent=1) + "\n")
@@ -225,7 +237,7 @@ def _pull_ledger(store: Store, ckpt_dir: Path, objects: dict[str, int], log: Log
 
 # -- several processes on one node (torchrun): the first pulls, the others wait for it ------------------------
 PULLED = ".remote-pulled"
-PULL_WAIT_S = 3600.0     # a checkpoint of many GB over a slow link
+PULL_WAIT_S = 3600.0  # a checkpoint of many GB over a slow link
 
 
 def _launch_token() -> str:
@@ -270,18 +282,21 @@ def wait_for_pull(ckpt_dir: Path, log: Log, timeout_s: float = PULL_WAIT_S, ever
             err.exit_code = int(data.get("code") or EXIT_UNEXPECTED)
             raise err
         time.sleep(every_s)
-    raise RemoteUnavailable(f"the node's first process did not finish pulling the checkpoint within {timeout_s:.0f} s;"
-                            " exit 1: the watchdog relaunches")
+    raise RemoteUnavailable(
+        f"the node's first process did not finish pulling the checkpoint within {timeout_s:.0f} s;"
+        " exit 1: the watchdog relaunches"
+    )
 
 
 # -- a store that is down when a machine starts: wait for it, bounded --------------------------------------
-WAIT_FIRST_S = 5.0      # the first pause between tries; each next one doubles ...
-WAIT_MAX_S = 60.0       # ... up to this
+WAIT_FIRST_S = 5.0  # the first pause between tries; each next one doubles ...
+WAIT_MAX_S = 60.0  # ... up to this
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def pull_when_reachable(store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | None = None,
-                        wait_min: float = 30.0) -> str | None:
+def pull_when_reachable(
+    store: Store, ckpt_dir: Path, log: Log, mlflow_store: MlflowStore | None = None, wait_min: float = 30.0
+) -> str | None:
     """``pull``, waiting up to ``wait_min`` minutes for a store that cannot be reached while this machine holds no
     checkpoint (a new machine during a provider incident): tries with a growing pause (WAIT_FIRST_S doubling up to
     WAIT_MAX_S), a log line for each. Refused credentials or a missing bucket end the wait at once (exit 2);
@@ -299,8 +314,9 @@ def pull_when_reachable(store: Store, ckpt_dir: Path, log: Log, mlflow_store: Ml
             tries = _wait_until_up(probe, reason, (deadline, wait_min), tries, log, heard)
 
 
-def _wait_until_up(probe: Store, reason: str, until: tuple[float, float], tries: int, log: Log,
-                   heard: list[str]) -> int:
+def _wait_until_up(
+    probe: Store, reason: str, until: tuple[float, float], tries: int, log: Log, heard: list[str]
+) -> int:
     """Pause and probe until the store answers; returns the tries made so far. Raises at the deadline (exit 8),
     on a stop signal (exit 75) or when the answer is a refusal (exit 2)."""
     deadline, wait_min = until
@@ -312,11 +328,14 @@ def _wait_until_up(probe: Store, reason: str, until: tuple[float, float], tries:
                 f"--ckpt-remote {probe.url} at {probe.endpoint()} could not be reached for checkpoint.remote_wait_min "
                 f"{wait_min:g} min ({reason}), and this machine holds no checkpoint: not starting fresh over a run "
                 "the remote may hold. Exit 8: the watchdog relaunches with backoff (a managed job: a new VM); check "
-                "AWS_ENDPOINT_URL, the network and the provider's status page")
+                "AWS_ENDPOINT_URL, the network and the provider's status page"
+            )
         pause = min(WAIT_FIRST_S * 2 ** min(tries, 16), WAIT_MAX_S, left)
         tries += 1
-        log(f"remote: waiting for {probe.url} at {probe.endpoint()} to answer ({reason}): try {tries} in "
-            f"{pause:.1f} s; giving up at {when} (checkpoint.remote_wait_min {wait_min:g}), then exit 8")
+        log(
+            f"remote: waiting for {probe.url} at {probe.endpoint()} to answer ({reason}): try {tries} in "
+            f"{pause:.1f} s; giving up at {when} (checkpoint.remote_wait_min {wait_min:g}), then exit 8"
+        )
         _sleep(pause, heard)
         try:
             probe.check()
@@ -342,8 +361,10 @@ def _sleep(seconds: float, heard: list[str]) -> None:
 
 
 def _stopped_error(name: str) -> X1Error:
-    err = X1Error(f"{name} heard while waiting for the checkpoint store: nothing was trained, so there is nothing to "
-                  "checkpoint; the remote keeps the run. Exit 75")
+    err = X1Error(
+        f"{name} heard while waiting for the checkpoint store: nothing was trained, so there is nothing to "
+        "checkpoint; the remote keeps the run. Exit 75"
+    )
     err.exit_code = EXIT_INTERRUPTED
     return err
 

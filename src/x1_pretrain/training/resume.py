@@ -23,21 +23,24 @@ Log = Callable[[str], None]
 
 @dataclass
 class Resume:
-    found: ck.Found | None = None          # the checkpoint resumed from (None: a fresh run)
-    changes: list[str] = field(default_factory=list)   # config/data changes allowed by --allow-config-change
+    found: ck.Found | None = None  # the checkpoint resumed from (None: a fresh run)
+    changes: list[str] = field(default_factory=list)  # config/data changes allowed by --allow-config-change
 
     @property
     def state(self) -> dict[str, Any]:
         return self.found.state if self.found is not None else {}
 
 
-def find_resume(ckpt_dir: Path, resume: bool, allow_change: bool, cfg: C.Config, data: Any, log: Log,
-                world_size: int = 1) -> Resume:
+def find_resume(
+    ckpt_dir: Path, resume: bool, allow_change: bool, cfg: C.Config, data: Any, log: Log, world_size: int = 1
+) -> Resume:
     if not resume:
         existing = ck.list_step_dirs(ckpt_dir)
         if existing:
-            raise X1Error(f"--ckpt-dir {ckpt_dir} already holds checkpoints ({existing[-1][1].name}); "
-                          "pass --resume-from-latest to continue that run, or choose an empty --ckpt-dir")
+            raise X1Error(
+                f"--ckpt-dir {ckpt_dir} already holds checkpoints ({existing[-1][1].name}); "
+                "pass --resume-from-latest to continue that run, or choose an empty --ckpt-dir"
+            )
         return Resume()
     found = ck.find_latest_complete(ckpt_dir, lambda m: log(f"warning: {m}"))
     if found is None:
@@ -47,10 +50,12 @@ def find_resume(ckpt_dir: Path, resume: bool, allow_change: bool, cfg: C.Config,
     saved_world = int(found.state.get("world_size") or 1)
     if saved_world != world_size:
         t = cfg.train
-        log(f"resuming {found.path.name}, written by {saved_world} rank(s), on {world_size}: the same global batch "
+        log(
+            f"resuming {found.path.name}, written by {saved_world} rank(s), on {world_size}: the same global batch "
             f"({t.batch_size} sequences = {t.grad_accum_steps} micro-batches of {t.micro_batch_size}, "
             f"{t.grad_accum_steps // world_size} a rank) and the same sequences at every step; the weights follow "
-            "an uninterrupted run to float rounding (bitwise only on the rank count and micro-batch that wrote it)")
+            "an uninterrupted run to float rounding (bitwise only on the rank count and micro-batch that wrote it)"
+        )
     return Resume(found, changes)
 
 
@@ -71,6 +76,7 @@ def agree_on_checkpoint(mine: RankStart, ckpt_dir: Path, world: distributed.Worl
     checkpoint (another node; a new machine in place of a lost one) receives its files from the lowest rank
     that has it, over the process group, into a hidden folder, verified against their sha256 like a local
     checkpoint; rank 0 keeps its copy as a checkpoint of its own."""
+
     def identity(found: ck.Found | None) -> tuple[str, str] | None:
         return None if found is None else (found.path.name, (found.path / ck.DONE_FILE).read_text().strip())
 
@@ -81,37 +87,46 @@ def agree_on_checkpoint(mine: RankStart, ckpt_dir: Path, world: distributed.Worl
             raise X1Error(problem if rank == world.rank else f"rank {rank}: {problem}")
     differ = [r for r, x in enumerate(everyone) if x[2] != everyone[0][2]]
     if differ:
-        raise X1Error(f"rank(s) {', '.join(map(str, differ))} run another config or other data than rank 0 (the "
-                      "config's sha256 or the data's meta.json differ): every node needs the same files and flags")
+        raise X1Error(
+            f"rank(s) {', '.join(map(str, differ))} run another config or other data than rank 0 (the "
+            "config's sha256 or the data's meta.json differ): every node needs the same files and flags"
+        )
     found = [x[0] for x in everyone]
-    best = max((x for x in found if x is not None), key=lambda x: x[0], default=None)   # names sort by step
+    best = max((x for x in found if x is not None), key=lambda x: x[0], default=None)  # names sort by step
     if best is None:
         return Resume()
     sender = found.index(best)
-    if not isinstance(best[0], str) or not ck.STEP_RE.match(best[0]):   # every rank sees the same: all stop
-        raise X1Error(f"rank {sender} names its checkpoint {str(best[0])[:80]!r}, not a step_NNNNNNN dir: not an x1 "
-                      "rank of this run; check the nodes' --ckpt-dir and x1 versions")
+    if not isinstance(best[0], str) or not ck.STEP_RE.match(best[0]):  # every rank sees the same: all stop
+        raise X1Error(
+            f"rank {sender} names its checkpoint {str(best[0])[:80]!r}, not a step_NNNNNNN dir: not an x1 "
+            "rank of this run; check the nodes' --ckpt-dir and x1 versions"
+        )
     lacking = [r for r, x in enumerate(found) if x != best]
     if not lacking:
         return resume
     if world.main:
-        log(f"rank {sender} sends {best[0]} to rank(s) {', '.join(map(str, lacking))}, whose disk lacks it (another "
-            "machine, or a new one in place of a lost one)")
+        log(
+            f"rank {sender} sends {best[0]} to rank(s) {', '.join(map(str, lacking))}, whose disk lacks it (another "
+            "machine, or a new one in place of a lost one)"
+        )
     dest = ckpt_dir / f".{best[0]}.pull-{os.getpid()}" if world.rank in lacking else None
     if dest is not None:
         shutil.rmtree(dest, ignore_errors=True)
-    distributed.send_files(resume.found.path if world.rank == sender and resume.found else None, dest, world,
-                           device, sender)
+    distributed.send_files(
+        resume.found.path if world.rank == sender and resume.found else None, dest, world, device, sender
+    )
     state, problem = ck.verify(dest) if dest is not None else (resume.state, None)
     damaged = [r for r, bad in enumerate(distributed.gather_all(problem, world)) if bad]
     if damaged:
         if dest is not None:
             shutil.rmtree(dest, ignore_errors=True)
-        raise RankLost(f"{best[0]} reached rank(s) {', '.join(map(str, damaged))} damaged "
-                       f"({problem or 'see their log'}); the next launch sends it again")
+        raise RankLost(
+            f"{best[0]} reached rank(s) {', '.join(map(str, damaged))} damaged "
+            f"({problem or 'see their log'}); the next launch sends it again"
+        )
     if dest is None or state is None:
         return resume
-    if world.main:   # rank 0 writes the run's checkpoints: the one it resumes from becomes one of them
+    if world.main:  # rank 0 writes the run's checkpoints: the one it resumes from becomes one of them
         replace_dir(dest, ckpt_dir / best[0])
         write_text_atomic(ckpt_dir / ck.LATEST, best[0] + "\n")
         dest = ckpt_dir / best[0]
@@ -133,13 +148,17 @@ def check_compatible(found: ck.Found, cfg: C.Config, data: Any, allow: bool, log
         else:
             changes.append(f"{key}: {old!r} -> {new!r}")
     if saved.get("data_identity") != data.identity:
-        changes.append(f"data: {data.directory}/meta.json describes other tokens than the run was trained on "
-                       f"(trained on {saved.get('data_dir')})")
+        changes.append(
+            f"data: {data.directory}/meta.json describes other tokens than the run was trained on "
+            f"(trained on {saved.get('data_dir')})"
+        )
     if changes and not allow:
         lines = "\n".join(f"    {c}" for c in changes)
-        raise X1Error(f"{found.path} was written with another configuration or data:\n{lines}\n"
-                      "  hint: pass --allow-config-change to resume anyway (it is logged), or use the original "
-                      "config and data")
+        raise X1Error(
+            f"{found.path} was written with another configuration or data:\n{lines}\n"
+            "  hint: pass --allow-config-change to resume anyway (it is logged), or use the original "
+            "config and data"
+        )
     for c in changes:
         log(f"warning: resuming with a change ({c}) because --allow-config-change was given")
     return changes
@@ -153,11 +172,13 @@ def _check_optimizer_shapes(optimizer: Any, where: Any) -> None:
         for p in group["params"]:
             for name, t in optimizer.state.get(p, {}).items():
                 if hasattr(t, "shape") and t.dim() > 0 and t.shape != p.shape:
-                    raise X1Error(f"{where}: the optimizer's {name} has shape {tuple(t.shape)} where this model's "
-                                  f"parameter has {tuple(p.shape)}: model.vocab_pad_multiple or "
-                                  "model.fused_projections differ from the run that wrote it; resume with that "
-                                  "run's values (a checkpoint from before vocabulary padding: --set "
-                                  "model.vocab_pad_multiple=1)")
+                    raise X1Error(
+                        f"{where}: the optimizer's {name} has shape {tuple(t.shape)} where this model's "
+                        f"parameter has {tuple(p.shape)}: model.vocab_pad_multiple or "
+                        "model.fused_projections differ from the run that wrote it; resume with that "
+                        "run's values (a checkpoint from before vocabulary padding: --set "
+                        "model.vocab_pad_multiple=1)"
+                    )
 
 
 def restore(found: ck.Found, model: Any, optimizer: Any, device: Any) -> LoopState:
@@ -166,12 +187,19 @@ def restore(found: ck.Found, model: Any, optimizer: Any, device: Any) -> LoopSta
     try:
         optimizer.load_state_dict(ck.load_optimizer(found.path))
     except ValueError as e:
-        raise X1Error(f"{found.path}: the optimizer state does not fit this run's parameter groups ({e}); "
-                      "optim.decay_embedding or the model changed since the checkpoint") from None
+        raise X1Error(
+            f"{found.path}: the optimizer state does not fit this run's parameter groups ({e}); "
+            "optim.decay_embedding or the model changed since the checkpoint"
+        ) from None
     _check_optimizer_shapes(optimizer, found.path)
     ck.restore_rng(found.state["rng"])
-    if found.path.name.startswith("."):   # a checkpoint sent to this rank: read, no longer needed
+    if found.path.name.startswith("."):  # a checkpoint sent to this rank: read, no longer needed
         shutil.rmtree(found.path, ignore_errors=True)
     s = found.state
-    return LoopState(step=s["step"], tokens_seen=s["tokens_seen"], train_time_s=s["train_time_s"],
-                     last_loss=s.get("last_loss", math.nan), last_val_loss=s.get("last_val_loss", math.nan))
+    return LoopState(
+        step=s["step"],
+        tokens_seen=s["tokens_seen"],
+        train_time_s=s["train_time_s"],
+        last_loss=s.get("last_loss", math.nan),
+        last_val_loss=s.get("last_val_loss", math.nan),
+    )

@@ -24,9 +24,9 @@ from ..core.objstore import Store, StoreError
 from ..core.remote_dir import RUN_FILE, RUN_ID_ENV, given_run_id, run_id_in
 from . import checkpoint as ck
 
-OWNER = RUN_FILE           # "x1-run.json": in the checkpoint dir and under the prefix
+OWNER = RUN_FILE  # "x1-run.json": in the checkpoint dir and under the prefix
 FORMAT = "x1-run/1"
-META_KEY = "x1-run"        # the user metadata every mirrored object carries: the id of the run that wrote it
+META_KEY = "x1-run"  # the user metadata every mirrored object carries: the id of the run that wrote it
 
 Log = Callable[[str], None]
 
@@ -83,12 +83,17 @@ def _legacy_steps(store: Store) -> list[str]:
 
 
 def refusal(store: Store, owner: str, mine: str | None) -> X1Error:
-    this = f"; this --ckpt-dir belongs to run {mine}" if mine else \
-        f"; this run gives no proof that it is that run (no {OWNER} in its --ckpt-dir, no {RUN_ID_ENV})"
-    return X1Error(f"--ckpt-remote {store.url} belongs to run {owner} (its {OWNER}){this}: a run never deletes or "
-                   f"overwrites another run's checkpoints. Fix: give this run a prefix of its own (another "
-                   f"--ckpt-remote), or continue run {owner} with --resume-from-latest and {RUN_ID_ENV}={owner} "
-                   "in the environment (or the --ckpt-dir that run wrote)")
+    this = (
+        f"; this --ckpt-dir belongs to run {mine}"
+        if mine
+        else f"; this run gives no proof that it is that run (no {OWNER} in its --ckpt-dir, no {RUN_ID_ENV})"
+    )
+    return X1Error(
+        f"--ckpt-remote {store.url} belongs to run {owner} (its {OWNER}){this}: a run never deletes or "
+        f"overwrites another run's checkpoints. Fix: give this run a prefix of its own (another "
+        f"--ckpt-remote), or continue run {owner} with --resume-from-latest and {RUN_ID_ENV}={owner} "
+        "in the environment (or the --ckpt-dir that run wrote)"
+    )
 
 
 def legacy_refusal(store: Store, resume: bool) -> X1Error | None:
@@ -97,8 +102,10 @@ def legacy_refusal(store: Store, resume: bool) -> X1Error | None:
     held = [] if resume else _legacy_steps(store)
     if not held:
         return None
-    return X1Error(f"--ckpt-remote {store.url} already holds checkpoints ({held[-1]}) but no {OWNER}; pass "
-                   "--resume-from-latest to continue that run, or choose another prefix")
+    return X1Error(
+        f"--ckpt-remote {store.url} already holds checkpoints ({held[-1]}) but no {OWNER}; pass "
+        "--resume-from-latest to continue that run, or choose another prefix"
+    )
 
 
 def identity(ckpt_dir: Path) -> str | None:
@@ -106,8 +113,10 @@ def identity(ckpt_dir: Path) -> str | None:
     when both are there and differ."""
     mine, given = local_id(ckpt_dir), given_run_id()
     if mine and given and mine != given:
-        raise X1Error(f"{RUN_ID_ENV}={given} but {ckpt_dir / OWNER} says this checkpoint dir belongs to run {mine}: "
-                      f"unset {RUN_ID_ENV} (or set it to {mine}) to continue that run, or use another --ckpt-dir")
+        raise X1Error(
+            f"{RUN_ID_ENV}={given} but {ckpt_dir / OWNER} says this checkpoint dir belongs to run {mine}: "
+            f"unset {RUN_ID_ENV} (or set it to {mine}) to continue that run, or use another --ckpt-dir"
+        )
     return mine or given
 
 
@@ -130,8 +139,10 @@ def settle(store: Store, ckpt_dir: Path, resume: bool, log: Log) -> str:
     if owner == mine:
         if local_id(ckpt_dir) is None:
             keep_local(ckpt_dir, owner)
-            log(f"remote: resuming run {owner}, the owner of {store.url} ({RUN_ID_ENV}): this checkpoint dir "
-                "adopts its id")
+            log(
+                f"remote: resuming run {owner}, the owner of {store.url} ({RUN_ID_ENV}): this checkpoint dir "
+                "adopts its id"
+            )
         return owner
     raise refusal(store, owner, mine)
 
@@ -155,6 +166,8 @@ def at_launch(store: Store, ckpt_dir: Path, resume: bool, reachable: bool, log: 
         try:
             return settle(store, ckpt_dir, resume, log)
         except StoreError as e:
-            log(f"WARNING: the owner of {store.url} ({OWNER}) could not be read ({e.detail}); the mirror checks it "
-                "before its first upload and writes nothing under another run's prefix")
+            log(
+                f"WARNING: the owner of {store.url} ({OWNER}) could not be read ({e.detail}); the mirror checks it "
+                "before its first upload and writes nothing under another run's prefix"
+            )
     return offline(ckpt_dir, resume)

@@ -24,10 +24,10 @@ from ..core.config import OptimConfig
 
 @dataclass(frozen=True)
 class Horizon:
-    end_step: int                  # optimizer steps in the run: the last one has index end_step - 1
-    decay_start: int               # index of the first decaying step (wsd)
-    anchor_step: int               # decay progress is counted from this step ...
-    anchor_progress: float = 0.0   # ... with this share of the decay already done (a compressed decay)
+    end_step: int  # optimizer steps in the run: the last one has index end_step - 1
+    decay_start: int  # index of the first decaying step (wsd)
+    anchor_step: int  # decay progress is counted from this step ...
+    anchor_progress: float = 0.0  # ... with this share of the decay already done (a compressed decay)
 
     def progress(self, step: int) -> float:
         """Share of the decay done after step ``step`` (0-based): 1.0 at the last step of the run."""
@@ -68,7 +68,7 @@ def retarget(h: Horizon, next_step: int, end: int, optim: OptimConfig) -> Horizo
         start = _decay_start(end, next_step, optim)
         return Horizon(end, start, start, 0.0)
     if end >= h.end_step:
-        return h                     # a decay that has begun is never stretched nor restarted
+        return h  # a decay that has begun is never stretched nor restarted
     return Horizon(end, h.decay_start, next_step, h.progress(next_step - 1))
 
 

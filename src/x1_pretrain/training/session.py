@@ -66,26 +66,38 @@ def budget_limits(opts: TrainOptions, b: BudgetConfig) -> Limits | None:
     The section's own rules were checked when the config loaded; what is left is the flags' combination."""
     if b.cap_usd is None:
         if opts.dry_run_budget:
-            raise X1Error("--dry-run-budget needs a cap (--budget-cap-usd, or budget.cap_usd in the config) and "
-                          "--budget-curr-cost-uri")
+            raise X1Error(
+                "--dry-run-budget needs a cap (--budget-cap-usd, or budget.cap_usd in the config) and "
+                "--budget-curr-cost-uri"
+            )
         return None
     if not opts.curr_cost_uri:
-        raise X1Error(f"budget.cap_usd {b.cap_usd:g} (--budget-cap-usd) needs --budget-curr-cost-uri: the budget.json "
-                      "the sidecar writes (python -m x1_pretrain.budget_sidecar --out budget.json ...); or run "
-                      "without the guard: --set budget.cap_usd=null")
-    return Limits(cap_usd=b.cap_usd, alert_usd=b.alert_usd, sidecar_interval_min=b.sidecar_interval_min,
-                  stale_after_intervals=STALE_AFTER_INTERVALS, unknown_grace_min=b.unknown_grace_min,
-                  lines=Lines(buffer_usd=b.buffer_usd), reserve_min=b.reserve_min)
+        raise X1Error(
+            f"budget.cap_usd {b.cap_usd:g} (--budget-cap-usd) needs --budget-curr-cost-uri: the budget.json "
+            "the sidecar writes (python -m x1_pretrain.budget_sidecar --out budget.json ...); or run "
+            "without the guard: --set budget.cap_usd=null"
+        )
+    return Limits(
+        cap_usd=b.cap_usd,
+        alert_usd=b.alert_usd,
+        sidecar_interval_min=b.sidecar_interval_min,
+        stale_after_intervals=STALE_AFTER_INTERVALS,
+        unknown_grace_min=b.unknown_grace_min,
+        lines=Lines(buffer_usd=b.buffer_usd),
+        reserve_min=b.reserve_min,
+    )
 
 
-def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: float | None,
-                 log: Log) -> tuple[int, str] | None:
+def _launch_gate(
+    opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: float | None, log: Log
+) -> tuple[int, str] | None:
     """The dry run, or the gate before anything is built: (exit code, why) to stop with, or None to go on."""
     b = cfg.budget
     latest = ck.read_latest(opts.ckpt_dir) if opts.resume else None
     done = int(latest.split("_")[1]) if latest and latest.startswith("step_") else 0
-    step_s = bg.expected_step_s(b.expected_step_s, cfg.tokens_per_step(), flops.flops_per_token(cfg.model).honest,
-                                peak, b.assumed_mfu)
+    step_s = bg.expected_step_s(
+        b.expected_step_s, cfg.tokens_per_step(), flops.flops_per_token(cfg.model).honest, peak, b.assumed_mfu
+    )
     # the task evaluations as plan prices them: their share of each step, and the last one in the reserve
     evals = eval_cost(cfg)
     limits = dataclasses.replace(setup.limits, reserve_min=setup.limits.reserve_min + evals.final_s(step_s or 0.0) / 60)
@@ -95,9 +107,11 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
     if opts.dry_run_budget:
         return bg.dry_run(setup.curr_cost_uri, limits, plan, b.max_rate_usd_per_hr, setup.alerter, log), "dry run"
     if not setup.alerter.channels():
-        log("WARNING: the budget guard is on but NO ALERT CHANNEL is configured: budget stops, a falling or unknown "
+        log(
+            "WARNING: the budget guard is on but NO ALERT CHANNEL is configured: budget stops, a falling or unknown "
             "spend and the alert line will reach nobody. Set X1_SLACK_WEBHOOK_URL and/or X1_SMTP_HOST + X1_SMTP_TO "
-            "(README: alerts) and check them with --dry-run-budget")
+            "(README: alerts) and check them with --dry-run-budget"
+        )
     reading = bg.as_the_guard_sees_it(read_source(setup.curr_cost_uri), limits, ledger.read_memory(opts.ckpt_dir))
     problems = bg.gate_problems(reading, plan, limits, b.max_rate_usd_per_hr)
     if problems and not opts.force_launch:
@@ -118,8 +132,14 @@ def _launch_gate(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: fl
     return None
 
 
-def end_at_last_checkpoint(ckpt_dir: Path, mlflow_uri: str | None, why: str, log: Log,
-                           experiment: str | None = None, exit_code: int = EXIT_BUDGET_CHECKPOINT) -> bool:
+def end_at_last_checkpoint(
+    ckpt_dir: Path,
+    mlflow_uri: str | None,
+    why: str,
+    log: Log,
+    experiment: str | None = None,
+    exit_code: int = EXIT_BUDGET_CHECKPOINT,
+) -> bool:
     """End a run where it stands, like a budget stop mid-run: the final files from the newest complete
     checkpoint, and its MLflow run FINISHED with ``why`` (so export_run works). Used for a launch refused on a
     resumed run and by the watchdog before it terminates a crash-looped run. False when there is no checkpoint."""
@@ -142,8 +162,11 @@ def end_at_last_checkpoint(ckpt_dir: Path, mlflow_uri: str | None, why: str, log
         tracker.set_tags({N.TAG_END_REASON: why[:4000], N.TAG_EXIT_CODE: exit_code})
         tracker.close("FINISHED", timeout_s=20.0, spill_dir=ckpt_dir)
     except (OSError, ValueError) as e:
-        print(f"warning: the final files could not be written from {found.path} ({e}); export_run --ckpt-dir "
-              f"{ckpt_dir} still finds the checkpoint", file=sys.stderr)
+        print(
+            f"warning: the final files could not be written from {found.path} ({e}); export_run --ckpt-dir "
+            f"{ckpt_dir} still finds the checkpoint",
+            file=sys.stderr,
+        )
     finally:
         lock.release()
     return True
@@ -158,29 +181,33 @@ def train(opts: TrainOptions) -> int:
     cfg = C.load(opts.config, opts.overrides, list(opts.sets), world_size=world.size)
     log: Log = console if world.main else _quiet  # ranks other than 0 train quietly; errors still reach stderr
     if world.size > 1:
-        log(f"data parallel over {world.size} ranks: global batch {cfg.train.batch_size} = micro-batch "
+        log(
+            f"data parallel over {world.size} ranks: global batch {cfg.train.batch_size} = micro-batch "
             f"{cfg.train.micro_batch_size} x grad accumulation {cfg.train.grad_accum_steps // world.size} x "
-            f"{world.size} ranks")
+            f"{world.size} ranks"
+        )
     import numpy as np  # noqa: F401  (imported before torch on purpose: fail fast on a broken env)
 
     if world.main and cfg.train.eval_tasks.strip():
         from ..evals.sets import task_list
 
-        task_list(cfg.train.eval_tasks)   # an unknown task: exit 2 before anything is built
+        task_list(cfg.train.eval_tasks)  # an unknown task: exit 2 before anything is built
     limits = budget_limits(opts, cfg.budget)
-    setup = BudgetSetup(cfg.budget, str(opts.curr_cost_uri), limits, alerts.from_env(), opts.force_launch) \
-        if limits is not None else None
+    setup = (
+        BudgetSetup(cfg.budget, str(opts.curr_cost_uri), limits, alerts.from_env(), opts.force_launch)
+        if limits is not None
+        else None
+    )
     sp = opts.spike
     if sp.inject_at_step is not None and (sp.inject_at_step < 1 or sp.batches < 1):
-        raise X1Error(f"--inject-spike-at-step {sp.inject_at_step} and --spike-batches {sp.batches} "
-                      "must be at least 1")
+        raise X1Error(f"--inject-spike-at-step {sp.inject_at_step} and --spike-batches {sp.batches} must be at least 1")
     device = resolve_device(cfg.train.device, world.local_rank, world.size)
     if device.type == "cpu":
         keep_freed_memory()  # large CPU tensors would otherwise be page-faulted in again at every step
     peak = flops.peak_tflops(device_name(device) if device.type == "cuda" else None, opts.peak_tflops)
     if not opts.stop_grace_s > 0:
         raise X1Error(f"--stop-grace-s {opts.stop_grace_s} must be positive (seconds from SIGTERM to exit)")
-    remote = open_remote(opts, cfg, world, log)   # before the gate: the ledger it reads may come from the remote
+    remote = open_remote(opts, cfg, world, log)  # before the gate: the ledger it reads may come from the remote
     distributed.init(world, device.type)
     if setup is not None:
         stop = _gate_on_rank0(opts, cfg, setup, peak, _Where(world, device, started_unix), log)
@@ -200,8 +227,9 @@ def train(opts: TrainOptions) -> int:
             lock.release()
 
 
-def _gate_on_rank0(opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: float | None, where: _Where,
-                   log: Log) -> tuple[int, str] | None:
+def _gate_on_rank0(
+    opts: TrainOptions, cfg: C.Config, setup: BudgetSetup, peak: float | None, where: _Where, log: Log
+) -> tuple[int, str] | None:
     """The launch gate, read by rank 0 alone (the other machines of a multi-node job have no budget.json), its
     verdict agreed by every rank. The planned step time is over every rank's GPU."""
     world = where.world
@@ -231,7 +259,7 @@ class _Where:
     world: Any
     device: Any
     started_unix: float
-    remote: Any = None     # core.objstore.Store with --ckpt-remote
+    remote: Any = None  # core.objstore.Store with --ckpt-remote
 
 
 def open_remote(opts: TrainOptions, cfg: C.Config, world: Any, log: Log) -> Any:
@@ -249,21 +277,22 @@ def open_remote(opts: TrainOptions, cfg: C.Config, world: Any, log: Log) -> Any:
     from .remote_resume import PULL_WAIT_S, pull_when_reachable, pulled_marker, wait_for_pull
 
     store = Store(RemoteURL.parse(cfg.checkpoint.remote, "checkpoint.remote (--ckpt-remote)"))
-    if world.local_rank != 0:   # one process a node checks and pulls; the others wait for it (below)
+    if world.local_rank != 0:  # one process a node checks and pulls; the others wait for it (below)
         if opts.resume and not opts.dry_run_budget:
             wait_for_pull(opts.ckpt_dir, log, PULL_WAIT_S + cfg.checkpoint.remote_wait_min * 60)
         return store
     reachable = launch_check(store, log)
-    if world.main and not opts.dry_run_budget:   # whose prefix it is: another run's is exit 2 (run_owner)
+    if world.main and not opts.dry_run_budget:  # whose prefix it is: another run's is exit 2 (run_owner)
         run_owner.at_launch(store, opts.ckpt_dir, opts.resume, reachable, log)
     if opts.resume and not opts.dry_run_budget:
         with pulled_marker(opts.ckpt_dir, world.size > 1):
-            pull_when_reachable(store, opts.ckpt_dir, log, mlflow_store(opts.mlflow_uri, opts.ckpt_dir),
-                                cfg.checkpoint.remote_wait_min)
+            pull_when_reachable(
+                store, opts.ckpt_dir, log, mlflow_store(opts.mlflow_uri, opts.ckpt_dir), cfg.checkpoint.remote_wait_min
+            )
     return store
 
 
-MIRROR_END_WAIT_S = 300.0   # a run that ends without a stop request waits this long for its last uploads
+MIRROR_END_WAIT_S = 300.0  # a run that ends without a stop request waits this long for its last uploads
 
 
 def _start_mirror(opts: TrainOptions, cfg: C.Config, store: Any, log: Log, setup: BudgetSetup | None) -> Any:
@@ -272,11 +301,13 @@ def _start_mirror(opts: TrainOptions, cfg: C.Config, store: Any, log: Log, setup
     alerter = setup.alerter if setup is not None else alerts.from_env()
     send = (lambda subject, body: alerter.send_within(subject, body)) if alerter.channels() else None
     db = mlflow_store(opts.mlflow_uri, opts.ckpt_dir)
-    log(f"mirror: checkpoints, the cost ledger, the exit status{' and the MLflow store' if db else ''} go to "
-        f"{store.url} at {store.endpoint()}" + ("" if db else " (the MLflow tracking server is not mirrored: it "
-                                                          "outlives this machine)"))
+    log(
+        f"mirror: checkpoints, the cost ledger, the exit status{' and the MLflow store' if db else ''} go to "
+        f"{store.url} at {store.endpoint()}"
+        + ("" if db else " (the MLflow tracking server is not mirrored: it outlives this machine)")
+    )
     mirror = Mirror(store, opts.ckpt_dir, cfg.checkpoint.keep_last, log, send, upload_process=True)
-    mirror.resume = opts.resume   # a resume may claim a prefix of ownerless checkpoints (run_owner.legacy_refusal)
+    mirror.resume = opts.resume  # a resume may claim a prefix of ownerless checkpoints (run_owner.legacy_refusal)
     return mirror.start()
 
 
@@ -296,21 +327,26 @@ def _end_mirror(ctx: Context, code: int) -> int:
     t0 = time.monotonic()
     # a normal end keeps trying through a few failures (the VM may be torn down after it); a stop has its grace
     if mirror.drain(budget_s, failures=3 if left is None else 1):
-        if getattr(mirror, "refused", None):   # another run's prefix (run_owner): said at the time, said again
+        if getattr(mirror, "refused", None):  # another run's prefix (run_owner): said at the time, said again
             ctx.log(f"WARNING: nothing of this run went to {mirror.store.url}: it belongs to run {mirror.refused}")
             if code != EXIT_OK:
                 return code
             print(f"error: {mirror.refusal}", file=sys.stderr, flush=True)
             ck.record_exit_status(ctx.ckpt_dir, EXIT_USAGE, str(mirror.refusal)[:2000])
             return EXIT_USAGE
-        ctx.log(f"mirror: {mirror.store.url} is up to date (latest {mirror.remote_latest or 'unchanged'}; "
-                f"{mirror.uploaded_bytes / 1e6:,.1f} MB in {mirror.upload_s:.1f} s of uploads this process)")
+        ctx.log(
+            f"mirror: {mirror.store.url} is up to date (latest {mirror.remote_latest or 'unchanged'}; "
+            f"{mirror.uploaded_bytes / 1e6:,.1f} MB in {mirror.upload_s:.1f} s of uploads this process)"
+        )
         return code
     local = ck.read_latest(ctx.ckpt_dir)
-    ctx.log(f"WARNING: the mirror could not upload {', '.join(mirror.pending())} within {time.monotonic() - t0:.0f} s"
-            + (f" ({mirror.last_error})" if mirror.last_error else "") + f": the remote's latest is "
-            f"{mirror.remote_latest or 'as before this process'}, the local one {local or 'none'}; a resume on this "
-            "machine uses the local checkpoint, one on another machine the remote's")
+    ctx.log(
+        f"WARNING: the mirror could not upload {', '.join(mirror.pending())} within {time.monotonic() - t0:.0f} s"
+        + (f" ({mirror.last_error})" if mirror.last_error else "")
+        + f": the remote's latest is "
+        f"{mirror.remote_latest or 'as before this process'}, the local one {local or 'none'}; a resume on this "
+        "machine uses the local checkpoint, one on another machine the remote's"
+    )
     return code
 
 
@@ -326,9 +362,20 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
     try:
         from .mirror import mlflow_store
 
-        ctx = Context(cfg, opts, world, device, log, stop, where.started_unix, setup if world.main else None,
-                      deadline=deadline, on_built=expiry.built.append, mirror=mirror,
-                      mlflow_store=mlflow_store(opts.mlflow_uri, opts.ckpt_dir))
+        ctx = Context(
+            cfg,
+            opts,
+            world,
+            device,
+            log,
+            stop,
+            where.started_unix,
+            setup if world.main else None,
+            deadline=deadline,
+            on_built=expiry.built.append,
+            mirror=mirror,
+            mlflow_store=mlflow_store(opts.mlflow_uri, opts.ckpt_dir),
+        )
         code = run_training(ctx, cap_set=setup is not None)
         if mirror is not None:
             code = _end_mirror(ctx, code)
@@ -339,7 +386,7 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
 
             if world.main:
                 ck.write_exit_status(opts.ckpt_dir, code, "see the log")
-            code = int(distributed.from_rank(code, world))   # every node's watchdog acts on the run's outcome
+            code = int(distributed.from_rank(code, world))  # every node's watchdog acts on the run's outcome
             _node_status(world, code, "rank 0's exit code")
             torch.distributed.barrier()
         return code
@@ -371,10 +418,13 @@ class _OutOfGrace:
     def __call__(self) -> None:
         saved = self.checkpointed()
         code = EXIT_INTERRUPTED if saved else EXIT_CHECKPOINT_FAILED
-        reason = (f"--stop-grace-s {self.opts.stop_grace_s:g} passed since {self.stop.requested}: "
-                  + ("the checkpoint is written; exiting before MLflow finished (its metrics are in the spill file "
-                     "or sent again on resume)" if saved else "no checkpoint of the last steps could be written "
-                     "in time; the previous complete checkpoint stays the latest"))
+        reason = f"--stop-grace-s {self.opts.stop_grace_s:g} passed since {self.stop.requested}: " + (
+            "the checkpoint is written; exiting before MLflow finished (its metrics are in the spill file "
+            "or sent again on resume)"
+            if saved
+            else "no checkpoint of the last steps could be written "
+            "in time; the previous complete checkpoint stays the latest"
+        )
         print(f"[x1] {reason}: exit {code}", flush=True)
         if self.main:
             ck.record_exit_status(self.opts.ckpt_dir, code, reason)
@@ -431,15 +481,21 @@ def run_training(ctx: Context, cap_set: bool) -> int:
         ctx.log(f"{outcome.reason} at step {outcome.step}: exit {outcome.exit_code}")
         if built.guard is not None and outcome.exit_code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
             last = built.guard.monitor.last
-            written = str(ctx.ckpt_dir / ck.step_dir_name(outcome.step)) \
-                if outcome.exit_code == EXIT_BUDGET_CHECKPOINT else None
+            written = (
+                str(ctx.ckpt_dir / ck.step_dir_name(outcome.step))
+                if outcome.exit_code == EXIT_BUDGET_CHECKPOINT
+                else None
+            )
             built.guard.alert_stop(outcome.exit_code, outcome.reason, last.spent_usd if last else None, written)
         return outcome.exit_code
     except Diverged as e:
         built.tracker.set_tags({N.TAG_DIVERGED_AT_STEP: e.step})
-        print(f"error: {e}. No checkpoint was written from these weights. Check the data for out-of-range ids "
-              "and that fp32 master weights are on (train.precision bf16 keeps them); lower optim.lr if it "
-              "persists.", file=sys.stderr)
+        print(
+            f"error: {e}. No checkpoint was written from these weights. Check the data for out-of-range ids "
+            "and that fp32 master weights are on (train.precision bf16 keeps them); lower optim.lr if it "
+            "persists.",
+            file=sys.stderr,
+        )
         return EXIT_DIVERGED
     except CheckpointFailed as e:
         return _checkpoint_failed(ctx, built, e)
@@ -450,7 +506,7 @@ def run_training(ctx: Context, cap_set: bool) -> int:
             lost = rank_lost(e, built.state.step)
             built.tracker.set_tags({N.TAG_END_REASON: str(lost)[:4000], N.TAG_EXIT_CODE: EXIT_UNEXPECTED})
             raise lost from None
-        if disk_full(e):   # a write this process cannot skip: the same end as a checkpoint that cannot be written
+        if disk_full(e):  # a write this process cannot skip: the same end as a checkpoint that cannot be written
             return _checkpoint_failed(ctx, built, CheckpointFailed(built.state.step, "next", e))
         traceback.print_exc()
         return EXIT_UNEXPECTED
@@ -463,17 +519,21 @@ def rank_lost(e: BaseException, step: int | None) -> RankLost:
     error" lines) go to the log as its traceback."""
     traceback.print_exc()
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-    return RankLost(f"another rank stopped answering{f' at step {step}' if step is not None else ''} ({first}): its "
-            "process died, or its machine was lost, preempted or stopped. Exit 1: the watchdog of each node "
-            "relaunches, torchrun waits for every node to join again and the run resumes from the newest "
-            "checkpoint any node holds")
+    return RankLost(
+        f"another rank stopped answering{f' at step {step}' if step is not None else ''} ({first}): its "
+        "process died, or its machine was lost, preempted or stopped. Exit 1: the watchdog of each node "
+        "relaunches, torchrun waits for every node to join again and the run resumes from the newest "
+        "checkpoint any node holds"
+    )
 
 
 def _checkpoint_failed(ctx: Context, built: Built, e: CheckpointFailed) -> int:
     """The checkpoint the run had to end with is not on disk (it was reported when it failed)."""
     latest = ck.read_latest(ctx.ckpt_dir)
-    msg = (f"{e}. Exit {EXIT_CHECKPOINT_FAILED}: the watchdog relaunches from the last complete checkpoint "
-           f"({latest or 'none yet'}) once the disk of {ctx.ckpt_dir} has room")
+    msg = (
+        f"{e}. Exit {EXIT_CHECKPOINT_FAILED}: the watchdog relaunches from the last complete checkpoint "
+        f"({latest or 'none yet'}) once the disk of {ctx.ckpt_dir} has room"
+    )
     print(f"error: {msg}", file=sys.stderr, flush=True)
     built.tracker.set_tags({N.TAG_END_REASON: msg[:4000], N.TAG_EXIT_CODE: EXIT_CHECKPOINT_FAILED})
     return EXIT_CHECKPOINT_FAILED
@@ -490,11 +550,10 @@ def _close(ctx: Context, built: Built, status: str) -> None:
             built.checkpointer.wait()
         left = ctx.deadline.remaining() if ctx.deadline is not None else None
         if ctx.mirror is not None and left is not None:
-            ctx.mirror.drain(left * 0.6)   # after a stop: the stop checkpoint goes up before MLflow is closed
+            ctx.mirror.drain(left * 0.6)  # after a stop: the stop checkpoint goes up before MLflow is closed
     finally:
         left = ctx.deadline.remaining() if ctx.deadline is not None else None
-        built.tracker.close(status, timeout_s=None if left is None else max(left - 1.5, 0.5),
-                            spill_dir=ctx.ckpt_dir)
+        built.tracker.close(status, timeout_s=None if left is None else max(left - 1.5, 0.5), spill_dir=ctx.ckpt_dir)
 
 
 def main_guarded(opts: TrainOptions) -> tuple[int, str]:
@@ -512,8 +571,12 @@ def main_guarded(opts: TrainOptions) -> tuple[int, str]:
         if not disk_full(e):
             raise
         latest = ck.read_latest(opts.ckpt_dir)
-        reason = (f"the disk of {opts.ckpt_dir} is full ({e}); "
-                  + (f"{latest} stays the latest complete checkpoint" if latest else "no checkpoint was written"))
-        print(f"error: {reason}. Exit {EXIT_CHECKPOINT_FAILED}: the watchdog waits for free space, then relaunches",
-              file=sys.stderr, flush=True)
+        reason = f"the disk of {opts.ckpt_dir} is full ({e}); " + (
+            f"{latest} stays the latest complete checkpoint" if latest else "no checkpoint was written"
+        )
+        print(
+            f"error: {reason}. Exit {EXIT_CHECKPOINT_FAILED}: the watchdog waits for free space, then relaunches",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_CHECKPOINT_FAILED, reason

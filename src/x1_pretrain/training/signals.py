@@ -51,11 +51,11 @@ def _acknowledge(name: str) -> None:
     write on the descriptor: a handler that wrote through sys.stdout could land inside the main thread's own
     write to it and fail as a reentrant call."""
     more = "; a second Ctrl-C aborts without a checkpoint (exit 130)" if name == "SIGINT" else ""
-    with contextlib.suppress(OSError):   # a closed terminal (SIGHUP) or a gone reader
+    with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) or a gone reader
         os.write(1, f"[x1] {name} heard: finishing the current step, then a checkpoint{more}\n".encode())
 
 
-WATCHDOG_PID_ENV = "X1_WATCHDOG_PID"   # set by the watchdog for the trainer it starts
+WATCHDOG_PID_ENV = "X1_WATCHDOG_PID"  # set by the watchdog for the trainer it starts
 
 
 def watch_parent(stop: Any, every_s: float = 2.0) -> threading.Event | None:
@@ -112,4 +112,4 @@ class StopDeadline:
     def close(self) -> None:
         self._done.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)   # no thread of ours may outlive the process group's teardown
+            self._thread.join(timeout=2.0)  # no thread of ours may outlive the process group's teardown

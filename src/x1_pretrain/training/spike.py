@@ -39,8 +39,9 @@ RARE_FRACTION = 0.01
 
 
 # --- rare-token batches -----------------------------------------------------------------------------
-def unigram_counts(data_dir: Path, tokens: np.ndarray, vocab_size: int, cache_dir: Path | None = None,
-                   log: Any = print) -> np.ndarray:
+def unigram_counts(
+    data_dir: Path, tokens: np.ndarray, vocab_size: int, cache_dir: Path | None = None, log: Any = print
+) -> np.ndarray:
     """The train split's token counts: ``unigram_counts.npy`` from tokenize_data, else computed once from
     ``train.bin`` and cached (in the data dir, or ``cache_dir`` when the data dir is read-only)."""
     for d in (data_dir, cache_dir):
@@ -52,7 +53,7 @@ def unigram_counts(data_dir: Path, tokens: np.ndarray, vocab_size: int, cache_di
     log(f"computing unigram counts of {data_dir / 'train.bin'} ({tokens.size:,} tokens) for rare-token batches")
     counts = np.zeros(vocab_size, dtype=np.int64)
     for i in range(0, tokens.size, 1 << 26):
-        counts += np.bincount(np.asarray(tokens[i:i + (1 << 26)]), minlength=vocab_size)[:vocab_size]
+        counts += np.bincount(np.asarray(tokens[i : i + (1 << 26)]), minlength=vocab_size)[:vocab_size]
     for d in (data_dir, cache_dir):
         if d is None:
             continue
@@ -62,7 +63,7 @@ def unigram_counts(data_dir: Path, tokens: np.ndarray, vocab_size: int, cache_di
                 np.save(f, counts)
             os.replace(tmp, d / "unigram_counts.npy")
             break
-        except OSError:   # a read-only data dir, a full disk: the next place, with no temp file left behind
+        except OSError:  # a read-only data dir, a full disk: the next place, with no temp file left behind
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
             continue
@@ -85,8 +86,8 @@ def rare_token_distribution(counts: np.ndarray, eot_id: int | None = None) -> tu
 
 @dataclass(frozen=True)
 class SpikeSchedule:
-    at_step: int          # first injected step, numbered as logged (steps completed after it)
-    batches: int          # K consecutive optimizer steps
+    at_step: int  # first injected step, numbered as logged (steps completed after it)
+    batches: int  # K consecutive optimizer steps
 
     def injected(self, step_index: int) -> bool:
         """Whether the optimizer step with 0-based index ``step_index`` (logged as step_index+1) is injected."""
@@ -119,14 +120,14 @@ class SpikeInjector:
 # --- detection --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SpikeEvent:
-    step: int             # numbered as logged
+    step: int  # numbered as logged
     loss: float
-    baseline: float       # the loss trend before it
+    baseline: float  # the loss trend before it
     baseline_std: float
-    grad_norm: float      # before clipping
+    grad_norm: float  # before clipping
     grad_median: float
     clipped: bool
-    by: str               # "loss", "grad_norm" or "loss+grad_norm"
+    by: str  # "loss", "grad_norm" or "loss+grad_norm"
 
 
 @dataclass
@@ -138,7 +139,7 @@ class SpikeDetector:
     grad_factor: float = 5.0
     grad_window: int = 50
     mean: float | None = None
-    noise: float = 0.0                # moving average of |loss change| between accepted steps
+    noise: float = 0.0  # moving average of |loss change| between accepted steps
     last: float | None = None
     seen: int = 0
     in_a_row: int = 0
@@ -159,9 +160,16 @@ class SpikeDetector:
             median = float(np.median(self.grads)) if self.grads else float("nan")
             by_grad = bool(self.grads) and grad_norm > self.grad_factor * median
             if by_loss or by_grad:
-                event = SpikeEvent(step, loss, self.mean, std, grad_norm, median,
-                                   grad_clip > 0 and grad_norm > grad_clip,
-                                   "+".join(n for n, hit in (("loss", by_loss), ("grad_norm", by_grad)) if hit))
+                event = SpikeEvent(
+                    step,
+                    loss,
+                    self.mean,
+                    std,
+                    grad_norm,
+                    median,
+                    grad_clip > 0 and grad_norm > grad_clip,
+                    "+".join(n for n, hit in (("loss", by_loss), ("grad_norm", by_grad)) if hit),
+                )
         if event is not None:  # spikes do not move the baseline
             self.in_a_row += 1
             return event
@@ -179,8 +187,14 @@ class SpikeDetector:
         return None
 
     def state(self) -> dict[str, Any]:
-        return {"mean": self.mean, "noise": self.noise, "last": self.last, "seen": self.seen,
-                "in_a_row": self.in_a_row, "grads": list(self.grads)}
+        return {
+            "mean": self.mean,
+            "noise": self.noise,
+            "last": self.last,
+            "seen": self.seen,
+            "in_a_row": self.in_a_row,
+            "grads": list(self.grads),
+        }
 
     def load_state(self, s: dict[str, Any]) -> None:
         self.mean, self.noise, self.last = s["mean"], s["noise"], s["last"]
@@ -205,13 +219,20 @@ class SpikeWatch(Callback):
     step for ``DENSE_AFTER`` steps after, so the post-mortem has a full timeline even with --log-every 10.
     """
 
-    HISTORY = 16        # steps kept before a spike
-    DENSE_AFTER = 100   # steps logged densely after one
+    HISTORY = 16  # steps kept before a spike
+    DENSE_AFTER = 100  # steps logged densely after one
 
-    def __init__(self, detector: SpikeDetector, injector: SpikeInjector | None, skip_updates: bool,
-                 force_inject: bool, report: SpikeReport, lr_warmup_steps: int = 0) -> None:
+    def __init__(
+        self,
+        detector: SpikeDetector,
+        injector: SpikeInjector | None,
+        skip_updates: bool,
+        force_inject: bool,
+        report: SpikeReport,
+        lr_warmup_steps: int = 0,
+    ) -> None:
         self.detector = detector
-        self.lr_warmup_steps = lr_warmup_steps   # the optimizer's LR warm-up: detections inside it never cancel
+        self.lr_warmup_steps = lr_warmup_steps  # the optimizer's LR warm-up: detections inside it never cancel
         self.injector = injector
         self.skip_updates = skip_updates
         self.force_inject = force_inject
@@ -249,16 +270,30 @@ class SpikeWatch(Callback):
             extra[N.SPIKE_INJECTED] = 1.0
         ev = self._event
         if ev is not None:
-            extra.update({N.SPIKE_DETECTED: 1.0, N.SPIKE_LOSS: ev.loss, N.SPIKE_BASELINE_LOSS: ev.baseline,
-                          N.SPIKE_GRAD_NORM: ev.grad_norm, N.SPIKE_CLIPPED: float(ev.clipped),
-                          N.SPIKE_UPDATE_SKIPPED: float(self._skipped)})
-            self._log(f"spike detected at step {ev.step} ({ev.by}): loss {ev.loss:.4f} vs baseline {ev.baseline:.4f} "
-                      f"(std {ev.baseline_std:.4f}), grad norm {ev.grad_norm:.3f} vs median {ev.grad_median:.3f}, "
-                      f"clipping {'active' if ev.clipped else 'not active'}"
-                      + ("; optimizer update skipped (--spike-skip-steps)" if self._skipped else ""))
+            extra.update(
+                {
+                    N.SPIKE_DETECTED: 1.0,
+                    N.SPIKE_LOSS: ev.loss,
+                    N.SPIKE_BASELINE_LOSS: ev.baseline,
+                    N.SPIKE_GRAD_NORM: ev.grad_norm,
+                    N.SPIKE_CLIPPED: float(ev.clipped),
+                    N.SPIKE_UPDATE_SKIPPED: float(self._skipped),
+                }
+            )
+            self._log(
+                f"spike detected at step {ev.step} ({ev.by}): loss {ev.loss:.4f} vs baseline {ev.baseline:.4f} "
+                f"(std {ev.baseline_std:.4f}), grad norm {ev.grad_norm:.3f} vs median {ev.grad_median:.3f}, "
+                f"clipping {'active' if ev.clipped else 'not active'}"
+                + ("; optimizer update skipped (--spike-skip-steps)" if self._skipped else "")
+            )
             self._start_dense(step)
-            if inj is not None and inj.cancelled is None and not injected and step < inj.schedule.at_step \
-                    and not self.force_inject:
+            if (
+                inj is not None
+                and inj.cancelled is None
+                and not injected
+                and step < inj.schedule.at_step
+                and not self.force_inject
+            ):
                 self._maybe_cancel(inj, ev)
         if inj is not None and injected and step == inj.schedule.at_step + inj.schedule.batches - 1:
             self._log(f"spike injection: done after step {step}; back to the data")
@@ -272,14 +307,17 @@ class SpikeWatch(Callback):
         alone, or anything during warm-up (where large gradients are normal), is no spike to write up."""
         step = ev.step
         if "loss" not in ev.by or step <= self.lr_warmup_steps:
-            why = ("grad norm only" if "loss" not in ev.by
-                   else f"during the LR warm-up (step <= {self.lr_warmup_steps})")
-            self._log(f"spike injection kept: the detection at step {step} is {why}; the injection at step "
-                      f"{inj.schedule.at_step} goes ahead")
+            why = "grad norm only" if "loss" not in ev.by else f"during the LR warm-up (step <= {self.lr_warmup_steps})"
+            self._log(
+                f"spike injection kept: the detection at step {step} is {why}; the injection at step "
+                f"{inj.schedule.at_step} goes ahead"
+            )
             return
         inj.cancelled = f"natural loss spike at step {step} before step {inj.schedule.at_step}"
-        self._log(f"spike injection skipped: a natural loss spike came first (step {step}, after the warm-up); "
-                  "write its post-mortem instead (--force-inject injects anyway)")
+        self._log(
+            f"spike injection skipped: a natural loss spike came first (step {step}, after the warm-up); "
+            "write its post-mortem instead (--force-inject injects anyway)"
+        )
         self._tags({N.TAG_SPIKE_INJECTION_SKIPPED: inj.cancelled})
 
     def _start_dense(self, step: int) -> None:
@@ -290,8 +328,11 @@ class SpikeWatch(Callback):
         self._dense_until = max(self._dense_until, step + self._dense_after)
 
     def state(self) -> dict[str, Any]:
-        return {"detector": self.detector.state(), "dense_until": self._dense_until,
-                "injection_cancelled": self.injector.cancelled if self.injector else None}
+        return {
+            "detector": self.detector.state(),
+            "dense_until": self._dense_until,
+            "injection_cancelled": self.injector.cancelled if self.injector else None,
+        }
 
     def load_state(self, s: dict[str, Any]) -> None:
         self.detector.load_state(s["detector"])

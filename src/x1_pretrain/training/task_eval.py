@@ -34,15 +34,21 @@ class EvalCut(Exception):
 class TaskEval(Callback):
     """Scores ``items`` ({task: items}) with ``encode`` at the configured steps and at the end of the run."""
 
-    def __init__(self, items: dict[str, list[Item]], encode: Callable[[str], list[int]], log: Callable[[str], None],
-                 alert: Callable[[str, str], None] | None = None, estimate: EvalCost | None = None) -> None:
+    def __init__(
+        self,
+        items: dict[str, list[Item]],
+        encode: Callable[[str], list[int]],
+        log: Callable[[str], None],
+        alert: Callable[[str, str], None] | None = None,
+        estimate: EvalCost | None = None,
+    ) -> None:
         self.items, self.encode, self.log, self.alert = items, encode, log, alert
-        self.estimate = estimate or EvalCost()   # the cost before one is measured (period, size, time cap)
+        self.estimate = estimate or EvalCost()  # the cost before one is measured (period, size, time cap)
         self.last_step = -1
         self.failures = 0
-        self.last_seconds = 0.0   # how long the latest evaluation took
-        self.spent_s = 0.0        # all evaluations of this process
-        self.measured_s: float | None = None   # the latest evaluation that ran to its end (or to its time cap)
+        self.last_seconds = 0.0  # how long the latest evaluation took
+        self.spent_s = 0.0  # all evaluations of this process
+        self.measured_s: float | None = None  # the latest evaluation that ran to its end (or to its time cap)
 
     def cost(self) -> EvalCost:
         """What the budget counts for the evaluations: measured once one has run, estimated before."""
@@ -56,10 +62,12 @@ class TaskEval(Callback):
 
     def on_stop(self, run: Run, state: LoopState, outcome: Outcome) -> None:
         if outcome.exit_code == EXIT_OK and self.last_step != state.step:
-            self.evaluate(run, state)   # the scores of the weights the run ends with
+            self.evaluate(run, state)  # the scores of the weights the run ends with
         elif outcome.exit_code == EXIT_BUDGET_CHECKPOINT:
-            self.log("task eval: not run at the budget stop (the money is for the checkpoint and the export); "
-                     "score the final weights with python -m x1_pretrain.evaluate")
+            self.log(
+                "task eval: not run at the budget stop (the money is for the checkpoint and the export); "
+                "score the final weights with python -m x1_pretrain.evaluate"
+            )
 
     def evaluate(self, run: Run, state: LoopState) -> list[TaskScore]:
         t = run.cfg.train
@@ -67,7 +75,7 @@ class TaskEval(Callback):
         deadline = t0 + t.eval_tasks_max_s
         done: list[TaskScore] = []
         self.last_step = state.step
-        timed = True   # whether this evaluation's seconds say what the next will cost
+        timed = True  # whether this evaluation's seconds say what the next will cost
 
         def check() -> None:
             if run.stop.requested is not None:
@@ -84,8 +92,8 @@ class TaskEval(Callback):
         except EvalCut as e:
             left = [task for task in self.items if task not in {s.task for s in done}]
             self.log(f"task eval at step {state.step} cut short ({e}): {', '.join(left)} not scored this time")
-            timed = run.stop.requested is None    # cut by its time cap: the next one will take as long
-        except Exception as e:   # out of memory included: the eval never ends the run
+            timed = run.stop.requested is None  # cut by its time cap: the next one will take as long
+        except Exception as e:  # out of memory included: the eval never ends the run
             self._failed(run, state, e)
             timed = False
         self.last_seconds = time.monotonic() - t0
@@ -101,13 +109,18 @@ class TaskEval(Callback):
             metrics[N.eval_task_metric(s.task, "acc")] = s.acc
             if s.acc_norm is not None:
                 metrics[N.eval_task_metric(s.task, "acc_norm")] = s.acc_norm
-            metrics[N.eval_task_metric(s.task, "n")] = float(s.n)   # the items scored (the manifest's n)
+            metrics[N.eval_task_metric(s.task, "n")] = float(s.n)  # the items scored (the manifest's n)
         if done and run.tracker is not None:
             run.tracker.log_metrics(state.step, {k: v for k, v in metrics.items() if math.isfinite(v)})
         if done:
-            parts = [f"{s.task} {s.acc:.3f}" + (f"/{s.acc_norm:.3f}" if s.acc_norm is not None else "")
-                     + f" (n={s.n} {SETS[s.task].split if s.task in SETS else '?'}"
-                     + (f", {s.skipped} skipped" if s.skipped else "") + ")" for s in done]
+            parts = [
+                f"{s.task} {s.acc:.3f}"
+                + (f"/{s.acc_norm:.3f}" if s.acc_norm is not None else "")
+                + f" (n={s.n} {SETS[s.task].split if s.task in SETS else '?'}"
+                + (f", {s.skipped} skipped" if s.skipped else "")
+                + ")"
+                for s in done
+            ]
             self.log(f"step {state.step:>7} | tasks (acc/acc_norm): {', '.join(parts)} ({self.last_seconds:.1f} s)")
 
     def _failed(self, run: Run, state: LoopState, error: BaseException) -> None:
@@ -121,7 +134,8 @@ class TaskEval(Callback):
         if run.tracker is not None and hasattr(run.tracker, "set_tags"):
             run.tracker.set_tags({N.TAG_EVAL_TASKS_FAILED: f"step {state.step}: {what}"[:4000]})
         if self.alert is not None and self.failures == 1:
-            self.alert(f"x1 task eval failed at step {state.step}: training goes on",
-                       f"The in-loop task evaluation raised {what}. It was skipped and training continues; the "
-                       "next evaluation is tried on schedule (no further alert).")
-
+            self.alert(
+                f"x1 task eval failed at step {state.step}: training goes on",
+                f"The in-loop task evaluation raised {what}. It was skipped and training continues; the "
+                "next evaluation is tried on schedule (no further alert).",
+            )

@@ -26,8 +26,8 @@ from ..core import redact
 from ..core.fileio import disk_full, write_text_atomic
 from ..core.names import EXPERIMENT, default_mlflow_uri
 
-_MAX_BATCH = 1000        # MLflow's limit of metrics per log_batch
-_MAX_PARAMS = 100        # and of params
+_MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch
+_MAX_PARAMS = 100  # and of params
 _MAX_BUFFER = 2_000_000  # metrics kept while the server is down (oldest dropped beyond, with a warning)
 SPILL_PREFIX = "mlflow-undelivered-"
 
@@ -61,8 +61,11 @@ def resolve_uri(uri: str | None, ckpt_dir: Path) -> tuple[str, str | None]:
     if uri.startswith("file:") or "://" not in uri:
         if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true":
             os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
-            print("[mlflow] note: MLflow 3 keeps the file:// store behind MLFLOW_ALLOW_FILE_STORE=true; "
-                  "x1 set it for this run (sqlite:///path.db is MLflow's recommended store)", file=sys.stderr)
+            print(
+                "[mlflow] note: MLflow 3 keeps the file:// store behind MLFLOW_ALLOW_FILE_STORE=true; "
+                "x1 set it for this run (sqlite:///path.db is MLflow's recommended store)",
+                file=sys.stderr,
+            )
         return uri, None
     if uri.startswith(("sqlite:", "http://", "https://", "postgresql", "mysql", "databricks")):
         return uri, None
@@ -72,12 +75,15 @@ def resolve_uri(uri: str | None, ckpt_dir: Path) -> tuple[str, str | None]:
 def git_commit(path: Path | None = None) -> str | None:
     here = path or Path(__file__).resolve().parent
     try:
-        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5)
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
         if out.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -93,12 +99,19 @@ class _Pending:
 class MlflowTracker:
     """One MLflow run, created or resumed. Thread-safe buffering; ``close`` flushes."""
 
-    def __init__(self, uri: str, artifact_location: str | None, run_name: str, run_id: str | None = None,
-                 experiment: str = EXPERIMENT, flush_every_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        uri: str,
+        artifact_location: str | None,
+        run_name: str,
+        run_id: str | None = None,
+        experiment: str = EXPERIMENT,
+        flush_every_s: float = 5.0,
+    ) -> None:
         # Fail fast per request and retry ourselves: the trainer must not stall on a dead server.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        if redact.secrets_of(uri):   # MLflow prints "View run … at: <the URL>" at the end, password and all
+        if redact.secrets_of(uri):  # MLflow prints "View run … at: <the URL>" at the end, password and all
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         for name in ("alembic", "mlflow.tracking"):
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -113,13 +126,13 @@ class MlflowTracker:
         self._run_name = run_name
         self.run_id: str | None = run_id
         self._pending = _Pending()
-        self._lock = threading.Lock()          # guards the pending buffers
-        self._send_lock = threading.Lock()     # one sender at a time (background thread or flush)
+        self._lock = threading.Lock()  # guards the pending buffers
+        self._send_lock = threading.Lock()  # one sender at a time (background thread or flush)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flush_every = flush_every_s
         self._down_since: float | None = None
-        self._disk_full = False                # the last failure was the store's full disk
+        self._disk_full = False  # the last failure was the store's full disk
         self._dropped = 0
         self.resumed = run_id is not None
         # The first contact (create or reopen the run) is bounded too: a server that accepts connections and
@@ -152,8 +165,11 @@ class MlflowTracker:
             return True
         try:
             exp = self._client.get_experiment_by_name(self._experiment)
-            exp_id = exp.experiment_id if exp else self._client.create_experiment(
-                self._experiment, artifact_location=self._artifact_location)
+            exp_id = (
+                exp.experiment_id
+                if exp
+                else self._client.create_experiment(self._experiment, artifact_location=self._artifact_location)
+            )
             run = self._client.create_run(exp_id, run_name=self._run_name)
             self.run_id = run.info.run_id
             self._run_checked = True
@@ -167,8 +183,10 @@ class MlflowTracker:
         if self._down_since is None:
             self._down_since = time.monotonic()
             why = redact.scrub(str(e), self.uri)[:200]
-            _warn(f"tracking server {redact.url(self.uri)} unreachable ({type(e).__name__}: {why}); "
-                  "training continues, metrics are buffered and retried")
+            _warn(
+                f"tracking server {redact.url(self.uri)} unreachable ({type(e).__name__}: {why}); "
+                "training continues, metrics are buffered and retried"
+            )
 
     # -- public API --
     @property
@@ -190,8 +208,7 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         ts = timestamp_ms if timestamp_ms is not None else int(time.time() * 1000)
-        items = [Metric(k, float(v), ts, step) for k, v in metrics.items()
-                 if v is not None and math.isfinite(float(v))]
+        items = [Metric(k, float(v), ts, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
         with self._lock:
             self._pending.metrics.extend(items)
             overflow = len(self._pending.metrics) - _MAX_BUFFER
@@ -224,12 +241,11 @@ class MlflowTracker:
                 return False
             if self._send_once(timeout_s=left):
                 return True
-            if self._disk_full:   # the store's disk (often the checkpoints' own) is full: no use waiting on it
+            if self._disk_full:  # the store's disk (often the checkpoints' own) is full: no use waiting on it
                 return False
             time.sleep(min(1.0, max(deadline - time.monotonic(), 0)))
 
-    def close(self, status: str = "FINISHED", timeout_s: float | None = None,
-              spill_dir: Path | None = None) -> None:
+    def close(self, status: str = "FINISHED", timeout_s: float | None = None, spill_dir: Path | None = None) -> None:
         """Flush and end the run, all within ``timeout_s`` (default $X1_MLFLOW_CLOSE_TIMEOUT_S or 30 s).
 
         Metrics still undelivered are written to ``spill_dir/mlflow-undelivered-<pid>.jsonl``; the next process
@@ -245,8 +261,9 @@ class MlflowTracker:
             self._spill(spill_dir)
         if self.run_id is not None:
             run_id = self.run_id
-            ok = _within(max(deadline - time.monotonic(), 0.5),
-                         lambda: self._client.set_terminated(run_id, status=status))
+            ok = _within(
+                max(deadline - time.monotonic(), 0.5), lambda: self._client.set_terminated(run_id, status=status)
+            )
             if not ok:
                 _warn(f"could not mark the run {status} in time (the next resume marks it RUNNING again)")
 
@@ -258,16 +275,23 @@ class MlflowTracker:
         where = ""
         if spill_dir is not None:
             path = spill_dir / f"{SPILL_PREFIX}{os.getpid()}.jsonl"
-            lines = "".join(json.dumps({"key": m.key, "value": m.value, "step": m.step, "timestamp": m.timestamp,
-                                        "run_id": self.run_id}) + "\n" for m in left)
-            try:   # whole or not at all (a full disk): a cut line would make the resume skip the file
+            lines = "".join(
+                json.dumps(
+                    {"key": m.key, "value": m.value, "step": m.step, "timestamp": m.timestamp, "run_id": self.run_id}
+                )
+                + "\n"
+                for m in left
+            )
+            try:  # whole or not at all (a full disk): a cut line would make the resume skip the file
                 spill_dir.mkdir(parents=True, exist_ok=True)
                 earlier = path.read_text() if path.is_file() else ""
                 write_text_atomic(path, earlier + lines)
                 where = f"; saved to {path} (sent again when the run resumes)"
             except OSError as e:
-                where = (f"; they could not be saved either ({e}): the resumed run logs again the steps after its "
-                         "checkpoint, the metrics of earlier steps are lost")
+                where = (
+                    f"; they could not be saved either ({e}): the resumed run logs again the steps after its "
+                    "checkpoint, the metrics of earlier steps are lost"
+                )
         _warn(f"{len(left)} metrics could not be delivered to {redact.url(self.uri)} before exit{where}")
 
     def redeliver(self, spill_dir: Path, up_to_step: int) -> int:
@@ -318,12 +342,12 @@ class MlflowTracker:
                 params = list(self._pending.params)
                 tags = list(self._pending.tags)
             for i in range(0, len(params), _MAX_PARAMS):
-                self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in params[i:i + _MAX_PARAMS]])
+                self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in params[i : i + _MAX_PARAMS]])
             if tags:
                 self._client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags])
             with self._lock:
-                del self._pending.params[:len(params)]
-                del self._pending.tags[:len(tags)]
+                del self._pending.params[: len(params)]
+                del self._pending.tags[: len(tags)]
             while True:
                 with self._lock:
                     batch = [self._pending.metrics[i] for i in range(min(_MAX_BATCH, len(self._pending.metrics)))]
@@ -338,8 +362,11 @@ class MlflowTracker:
             return False
         self._disk_full = False
         if self._down_since is not None:
-            print(f"[mlflow] tracking server reachable again after {time.monotonic() - self._down_since:.0f} s; "
-                  "buffered metrics delivered", file=sys.stderr)
+            print(
+                f"[mlflow] tracking server reachable again after {time.monotonic() - self._down_since:.0f} s; "
+                "buffered metrics delivered",
+                file=sys.stderr,
+            )
             self._down_since = None
         if self._dropped:
             _warn(f"{self._dropped} oldest metrics were dropped while the server was unreachable")

@@ -41,11 +41,15 @@ def serve(lines: Any, out: Any) -> None:
         except StoreError as e:
             answer = {"ok": False, "kind": e.kind, "detail": e.detail}
         except OSError as e:
-            answer = {"ok": False, "kind": "local", "errno": e.errno,
-                      "detail": scrub(f"{type(e).__name__}: {e.strerror or e}")}
-        except Exception as e:   # a bad request or a client surprise: said, never a dead worker
+            answer = {
+                "ok": False,
+                "kind": "local",
+                "errno": e.errno,
+                "detail": scrub(f"{type(e).__name__}: {e.strerror or e}"),
+            }
+        except Exception as e:  # a bad request or a client surprise: said, never a dead worker
             answer = {"ok": False, "kind": "other", "detail": scrub(f"{type(e).__name__}: {e}")}
-        answer["id"] = req.get("id") if isinstance(req, dict) else None   # the trainer matches answers by id
+        answer["id"] = req.get("id") if isinstance(req, dict) else None  # the trainer matches answers by id
         out.write(json.dumps(answer) + "\n")
         out.flush()
 
@@ -54,8 +58,8 @@ def _die_with_parent(parent: int) -> None:
     """Linux's PR_SET_PDEATHSIG: SIGKILL this worker when the mirror's thread that started it ends."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)   # 1: PR_SET_PDEATHSIG
-    if parent and os.getppid() != parent:   # the trainer was gone before the line above took effect
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    if parent and os.getppid() != parent:  # the trainer was gone before the line above took effect
         raise SystemExit(0)
 
 
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     with contextlib.suppress(OSError):
-        os.nice(10)   # training first
+        os.nice(10)  # training first
     # the protocol keeps the real stdout; anything else printing here (a library's warning) goes to stderr
     protocol = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)

@@ -47,14 +47,14 @@ from .checkpoint import (
 from .signals import WATCHDOG_PID_ENV
 
 RELAUNCH = {e.code for e in EXIT_CODES if e.relaunched}
-FOR_GOOD = {EXIT_OK, EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW}   # after these, --terminate-on-exit ends the bill
+FOR_GOOD = {EXIT_OK, EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW}  # after these, --terminate-on-exit ends the bill
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Starts that did not train at all are never a crash loop (that rule is for starts that trained and made no
 # progress): a stop after a checkpoint, and a checkpoint store that could not be reached at start.
 NOT_CRASHES = frozenset({EXIT_INTERRUPTED, EXIT_STORE_UNAVAILABLE})
 
 
-DISK_REMINDER_S = 600.0   # while the watchdog waits for space on a full disk, a log line this often
+DISK_REMINDER_S = 600.0  # while the watchdog waits for space on a full disk, a log line this often
 
 
 def free_mb(free: int | None) -> str:
@@ -94,7 +94,7 @@ def ckpt_dir_of(cmd: list[str]) -> Path:
 class BudgetLine:
     """The watchdog's own budget check (the second line): where the spend is read and the cap."""
 
-    curr_cost_uri: str                 # --budget-curr-cost-uri
+    curr_cost_uri: str  # --budget-curr-cost-uri
     cap_usd: float
     poll_s: float = 60.0
     kill_grace_s: float = 10.0
@@ -103,11 +103,18 @@ class BudgetLine:
 def add_disk_flags(ap: Any) -> None:
     """The watchdog's flags for a full checkpoint disk (``Watchdog._wait_for_space``)."""
     d = ap.add_argument_group("a full checkpoint disk (after exit 7)")
-    d.add_argument("--disk-poll-s", type=float, default=30.0,
-                   help="seconds between two looks at the free space while the checkpoint disk is too full for a "
-                        "checkpoint (30)")
-    d.add_argument("--disk-margin-mb", type=float, default=256.0,
-                   help="free space a relaunch needs beyond the newest checkpoint's size, MB (256)")
+    d.add_argument(
+        "--disk-poll-s",
+        type=float,
+        default=30.0,
+        help="seconds between two looks at the free space while the checkpoint disk is too full for a checkpoint (30)",
+    )
+    d.add_argument(
+        "--disk-margin-mb",
+        type=float,
+        default=256.0,
+        help="free space a relaunch needs beyond the newest checkpoint's size, MB (256)",
+    )
 
 
 def disk_options(args: Any) -> dict[str, float]:
@@ -121,14 +128,14 @@ class WatchdogOptions:
     max_restarts: int = 20
     backoff_s: float = 5.0
     max_backoff_s: float = 60.0
-    events_file: Path | None = None   # one JSON line per event
-    log_file: Path | None = None      # the text log: where output goes when no terminal takes it
+    events_file: Path | None = None  # one JSON line per event
+    log_file: Path | None = None  # the text log: where output goes when no terminal takes it
     budget_line: BudgetLine | None = None
     end_of_bill: EndOfBill | None = None
     alerter: Any = None
-    mlflow_uri: str | None = None     # the trainer's store (to end a crash-looped run at its last checkpoint)
-    disk_poll_s: float = 30.0         # a full checkpoint disk: seconds between two looks at its free space
-    disk_margin_mb: float = 256.0     # free space a relaunch needs beyond the size of the newest checkpoint
+    mlflow_uri: str | None = None  # the trainer's store (to end a crash-looped run at its last checkpoint)
+    disk_poll_s: float = 30.0  # a full checkpoint disk: seconds between two looks at its free space
+    disk_margin_mb: float = 256.0  # free space a relaunch needs beyond the size of the newest checkpoint
 
 
 @dataclass
@@ -152,7 +159,7 @@ class _Exit:
     code: int
     step: int | None
     checkpoint_step: int | None
-    elsewhere: bool = False   # trained on a node without rank 0: its progress is on another machine
+    elsewhere: bool = False  # trained on a node without rank 0: its progress is on another machine
 
     def same_place(self, other: _Exit) -> bool:
         """Two starts ended where they began. Not knowable for a node whose trainers ran but whose progress lives
@@ -185,9 +192,9 @@ class Watchdog:
         self.restarts: list[Restart] = []
         # the trainer's exit status for this watchdog, in the run's own dir (0600): no name in a shared /tmp
         self.status_file = self.ckpt_dir.absolute() / f".watchdog-{os.getpid()}-exit.json"
-        self._made_dirs: list[Path] = []   # made for it, deepest first: removed at the end if still empty
+        self._made_dirs: list[Path] = []  # made for it, deepest first: removed at the end if still empty
         self.budget_kill: Decision | None = None
-        self.ending: str | None = None    # CRASH_LOOP, GAVE_UP or STOPPED; None: the trainer's code says it
+        self.ending: str | None = None  # CRASH_LOOP, GAVE_UP or STOPPED; None: the trainer's code says it
 
     def cleanup(self) -> None:
         """Remove the status file, and the dirs made for it that nothing but the exit record was written into (a
@@ -199,7 +206,7 @@ class Watchdog:
                     (d / EXIT_STATUS).unlink()
             try:
                 d.rmdir()
-            except OSError:   # not empty: the run's
+            except OSError:  # not empty: the run's
                 break
 
     def log(self, msg: str, **event: Any) -> None:
@@ -210,7 +217,7 @@ class Watchdog:
             try:
                 with open(self.opts.events_file, "a") as f:
                     f.write(json.dumps({"time_unix": time.time(), **event}) + "\n")
-            except OSError as e:   # a full disk must not end the supervision
+            except OSError as e:  # a full disk must not end the supervision
                 print(f"[watchdog] warning: cannot append to {self.opts.events_file} ({e})", file=sys.stderr)
 
     def _forward(self, signum: int, _frame: Any) -> None:
@@ -225,8 +232,11 @@ class Watchdog:
         if first:
             how = " as SIGTERM (the terminal closed?)" if signum == signal.SIGHUP else ""
             with contextlib.suppress(OSError):
-                os.write(2, f"[watchdog] {signal.Signals(signum).name} received: forwarded to the trainer{how}; "
-                            "waiting for its checkpoint\n".encode())
+                os.write(
+                    2,
+                    f"[watchdog] {signal.Signals(signum).name} received: forwarded to the trainer{how}; "
+                    "waiting for its checkpoint\n".encode(),
+                )
 
     def _send_stop(self, signum: int) -> None:
         child = self.child
@@ -246,21 +256,26 @@ class Watchdog:
 
     def _start(self, cmd: list[str], restart_no: int) -> subprocess.Popen[bytes]:
         home = self.status_file.parent
-        if not home.is_dir():   # the status file's home (a dir the trainer cannot make is its own error to report)
+        if not home.is_dir():  # the status file's home (a dir the trainer cannot make is its own error to report)
             missing = [d for d in (home, *home.parents) if not d.exists()]
             with contextlib.suppress(OSError):
                 home.mkdir(parents=True, exist_ok=True)
                 self._made_dirs += missing
-        env = {**os.environ, "X1_RESTART_COUNT": str(restart_no), EXIT_STATUS_ENV: str(self.status_file),
-               WATCHDOG_PID_ENV: str(os.getpid())}
-        if self.opts.log_file is not None:   # where the trainer's output goes once the terminal is gone
+        env = {
+            **os.environ,
+            "X1_RESTART_COUNT": str(restart_no),
+            EXIT_STATUS_ENV: str(self.status_file),
+            WATCHDOG_PID_ENV: str(os.getpid()),
+        }
+        if self.opts.log_file is not None:  # where the trainer's output goes once the terminal is gone
             env[LOG_FILE_ENV] = str(self.opts.log_file.resolve())
         # Its own session: a terminal's Ctrl-C reaches the watchdog only, which forwards it once (twice would be a
         # second SIGINT: an abort without a checkpoint). The trainer watches X1_WATCHDOG_PID so it dies with us.
         return subprocess.Popen(cmd, env=env, start_new_session=True)
 
-    def _latency(self, child: subprocess.Popen[bytes], started_at: float, since: float,
-                 timeout_s: float = 3600) -> float | None:
+    def _latency(
+        self, child: subprocess.Popen[bytes], started_at: float, since: float, timeout_s: float = 3600
+    ) -> float | None:
         """Seconds from the previous exit to the start of the new trainer's first step, or None. The progress
         file must have been written by a process that started after this child (under torchrun its pid is
         rank 0's, not the child's)."""
@@ -275,12 +290,20 @@ class Watchdog:
     def _trainer_code(self, code: int, started_at: float) -> int:
         """The trainer's own exit code: under torchrun the process we ran reports 1 for any worker failure,
         so rank 0's recorded status (written after this child started) is the truth."""
-        status = next((s for s in (read_exit_status(self.status_file), read_exit_status(self.ckpt_dir))
-                       if _of_this_start(s, started_at)), None)
+        status = next(
+            (
+                s
+                for s in (read_exit_status(self.status_file), read_exit_status(self.ckpt_dir))
+                if _of_this_start(s, started_at)
+            ),
+            None,
+        )
         if status is None or status["exit_code"] == code:
             return code
-        self.log(f"the command exited with {code}; the trainer (rank 0) recorded exit {status['exit_code']} "
-                 f"({describe_exit(status['exit_code'])}): acting on that")
+        self.log(
+            f"the command exited with {code}; the trainer (rank 0) recorded exit {status['exit_code']} "
+            f"({describe_exit(status['exit_code'])}): acting on that"
+        )
         return int(status["exit_code"])
 
     def _recorded_since(self, started_at: float) -> dict[str, Any] | None:
@@ -296,23 +319,34 @@ class Watchdog:
         torchrun = any(a.endswith("torchrun") or a == "torch.distributed.run" for a in self.cmd[:3])
         if code == 0 or not torchrun or nodes in (None, "1", "1:1") or recorded is not None:
             return
-        endpoint = flag_of(self.cmd, "--rdzv-endpoint") or flag_of(self.cmd, "--rdzv_endpoint") or \
-            f"{flag_of(self.cmd, '--master-addr') or flag_of(self.cmd, '--master_addr')}:" \
+        endpoint = (
+            flag_of(self.cmd, "--rdzv-endpoint")
+            or flag_of(self.cmd, "--rdzv_endpoint")
+            or f"{flag_of(self.cmd, '--master-addr') or flag_of(self.cmd, '--master_addr')}:"
             f"{flag_of(self.cmd, '--master-port') or flag_of(self.cmd, '--master_port') or 29500}"
-        self.log(f"no trainer of this node recorded an exit: most likely torchrun's rendezvous of {nodes} nodes at "
-                 f"{endpoint} did not form within its timeout (--rdzv-conf join_timeout=S for c10d, timeout=S "
-                 "for a static --node-rank; 600 s by default). Every node must run the same command and reach that "
-                 "port on the head node; a node whose watchdog has ended will not come back. Else the trainer was "
-                 "killed before it could record (the OOM killer, an NCCL abort): torchrun's own error above says "
-                 "which", event="no_rendezvous", exit_code=code, endpoint=endpoint)
+        )
+        self.log(
+            f"no trainer of this node recorded an exit: most likely torchrun's rendezvous of {nodes} nodes at "
+            f"{endpoint} did not form within its timeout (--rdzv-conf join_timeout=S for c10d, timeout=S "
+            "for a static --node-rank; 600 s by default). Every node must run the same command and reach that "
+            "port on the head node; a node whose watchdog has ended will not come back. Else the trainer was "
+            "killed before it could record (the OOM killer, an NCCL abort): torchrun's own error above says "
+            "which",
+            event="no_rendezvous",
+            exit_code=code,
+            endpoint=endpoint,
+        )
 
     # -- the budget's second line --
     def _over_the_cap(self, decision: Decision) -> None:
         """Called on the guard's thread: end the trainer's process group now; it is never relaunched."""
         self.budget_kill = decision
         child = self.child
-        self.log(f"budget: {decision.reason} (read by the watchdog itself): ending the trainer's process group",
-                 event="budget_kill", spent_usd=decision.spent_usd)
+        self.log(
+            f"budget: {decision.reason} (read by the watchdog itself): ending the trainer's process group",
+            event="budget_kill",
+            spent_usd=decision.spent_usd,
+        )
         self._end_group(child)
 
     def _end_group(self, child: subprocess.Popen[bytes] | None) -> None:
@@ -341,8 +375,10 @@ class Watchdog:
         guard = self._guard()
         if guard is not None:
             guard.start()
-            self.log(f"budget: reading {redact.url(guard.source)} every {guard.poll_s:g} s; the trainer's process "
-                     f"group ends when the spend passes ${guard.cap_usd:.2f}")
+            self.log(
+                f"budget: reading {redact.url(guard.source)} every {guard.poll_s:g} s; the trainer's process "
+                f"group ends when the spend passes ${guard.cap_usd:.2f}"
+            )
         try:
             code = self._supervise()
         finally:
@@ -357,12 +393,12 @@ class Watchdog:
         if end is not None and self.stop_signal is None and (code in FOR_GOOD or self.ending in (CRASH_LOOP, GAVE_UP)):
             if self.ending in (CRASH_LOOP, GAVE_UP):
                 self._end_at_last_checkpoint(code)
-            final = find_latest_complete(self.ckpt_dir, self.log)   # goes off the machine with the bundle
-            end = end if end.run_dir is not None else dataclasses.replace(end, run_dir=self.ckpt_dir)   # its run id
-            end_the_bill(end, code, self.log, self.opts.alerter, final.path if final else None)   # it alerts
+            final = find_latest_complete(self.ckpt_dir, self.log)  # goes off the machine with the bundle
+            end = end if end.run_dir is not None else dataclasses.replace(end, run_dir=self.ckpt_dir)  # its run id
+            end_the_bill(end, code, self.log, self.opts.alerter, final.path if final else None)  # it alerts
             return
         if code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
-            return   # a budget stop: its alert (the trainer's or the watchdog's) says to terminate the instance
+            return  # a budget stop: its alert (the trainer's or the watchdog's) says to terminate the instance
         self._alert_still_billing(code)
 
     def _end_at_last_checkpoint(self, code: int) -> None:
@@ -370,11 +406,14 @@ class Watchdog:
         checkpoint (final files, the MLflow run FINISHED with the reason), so export_run can save it."""
         from .session import end_at_last_checkpoint
 
-        why = f"the watchdog gave up ({self.ending.replace('_', ' ') if self.ending else 'ended'}): the run ends at " \
-              "its last complete checkpoint"
+        why = (
+            f"the watchdog gave up ({self.ending.replace('_', ' ') if self.ending else 'ended'}): the run ends at "
+            "its last complete checkpoint"
+        )
         try:
-            end_at_last_checkpoint(self.ckpt_dir, self.opts.mlflow_uri, why, self.log,
-                                   flag_of(self.cmd, "--experiment"), code)
+            end_at_last_checkpoint(
+                self.ckpt_dir, self.opts.mlflow_uri, why, self.log, flag_of(self.cmd, "--experiment"), code
+            )
         except Exception as e:  # the export that follows will fail and say so; never lose the alert
             self.log(f"the run could not be ended at its last checkpoint ({type(e).__name__}: {e})")
 
@@ -388,18 +427,24 @@ class Watchdog:
 
     def _alert_still_billing(self, code: int) -> None:
         rate = self._rate()
-        bills = f"${rate:.2f}/h (${rate * 24:.2f} a day)" if rate else "at its hourly rate (unknown here: no budget " \
-            "source)"
-        why = {CRASH_LOOP: "a crash loop (two starts ended at the same step with no new checkpoint)",
-               GAVE_UP: f"--max-restarts {self.opts.max_restarts} reached",
-               STOPPED: f"a stop by {signal.Signals(self.stop_signal).name if self.stop_signal else 'signal'}"}.get(
-            self.ending or "", f"exit {code} ({describe_exit(code)})")
+        bills = (
+            f"${rate:.2f}/h (${rate * 24:.2f} a day)" if rate else "at its hourly rate (unknown here: no budget source)"
+        )
+        why = {
+            CRASH_LOOP: "a crash loop (two starts ended at the same step with no new checkpoint)",
+            GAVE_UP: f"--max-restarts {self.opts.max_restarts} reached",
+            STOPPED: f"a stop by {signal.Signals(self.stop_signal).name if self.stop_signal else 'signal'}",
+        }.get(self.ending or "", f"exit {code} ({describe_exit(code)})")
         latest = read_latest(self.ckpt_dir) or "none"
-        after = "Export the run (export_run), then terminate the instance." if code == EXIT_OK else \
-            "Fix the cause and resume (--resume-from-latest), or export the run and terminate the instance."
-        body = (f"The watchdog ended after {why}; nothing is training now. If this machine is still up it keeps "
-                f"billing {bills} until you terminate it. Latest complete checkpoint: {latest} in {self.ckpt_dir}. "
-                + after)
+        after = (
+            "Export the run (export_run), then terminate the instance."
+            if code == EXIT_OK
+            else "Fix the cause and resume (--resume-from-latest), or export the run and terminate the instance."
+        )
+        body = (
+            f"The watchdog ended after {why}; nothing is training now. If this machine is still up it keeps "
+            f"billing {bills} until you terminate it. Latest complete checkpoint: {latest} in {self.ckpt_dir}. " + after
+        )
         self.log(body, event="still_billing", exit_code=code, rate_usd_per_hr=rate)
         if self.opts.alerter is not None:
             self.opts.alerter.send_within(f"x1: nothing running, the instance still bills (exit {code})", body)
@@ -408,16 +453,19 @@ class Watchdog:
         cmd, pending, exited_at, failures, previous = self.cmd, None, 0.0, 0, None
         while True:
             started_at = time.time()
-            if self.stop_signal is not None or self.budget_kill is not None:   # came during the backoff
+            if self.stop_signal is not None or self.budget_kill is not None:  # came during the backoff
                 self.log("stop requested during the backoff; not relaunching")
                 return self._stopped_between_starts()
             child = self._launch(cmd, len(self.restarts))
             if pending is not None:
                 pending.downtime_s = round(time.time() - exited_at, 3)
                 pending.relaunch_latency_s = lat = self._latency(child, started_at, exited_at)
-                self.log(f"restart {pending.number}: trainer back"
-                         + (f", first step began {lat:.1f} s after the exit" if lat is not None else ""),
-                         event="relaunched", **asdict(pending))
+                self.log(
+                    f"restart {pending.number}: trainer back"
+                    + (f", first step began {lat:.1f} s after the exit" if lat is not None else ""),
+                    event="relaunched",
+                    **asdict(pending),
+                )
                 pending = None
             code = self._trainer_code(child.wait(), started_at)
             exited_at = time.time()
@@ -430,9 +478,14 @@ class Watchdog:
             if previous is not None and not NOT_CRASHES & {code, previous.code} and now.same_place(previous):
                 at = f"step {now.step}" if now.step is not None else "before its first logged step"
                 ckpt = f"step_{now.checkpoint_step:07d}" if now.checkpoint_step is not None else "none"
-                self.log(f"trainer exited with {code} ({describe_exit(code)}) {at} again, with no new checkpoint since "
-                         f"the last start (latest: {ckpt}): a crash loop; not relaunching (fix the cause, then resume "
-                         "with --resume-from-latest)", event="crash_loop", exit_code=code, step=now.step)
+                self.log(
+                    f"trainer exited with {code} ({describe_exit(code)}) {at} again, with no new checkpoint since "
+                    f"the last start (latest: {ckpt}): a crash loop; not relaunching (fix the cause, then resume "
+                    "with --resume-from-latest)",
+                    event="crash_loop",
+                    exit_code=code,
+                    step=now.step,
+                )
                 self.ending = CRASH_LOOP
                 return code if code >= 0 else 128 - code
             previous = now
@@ -441,7 +494,7 @@ class Watchdog:
             if code == EXIT_STORE_UNAVAILABLE:
                 self._store_down(pending, first=len(self.restarts) < 2 or self.restarts[-2].exit_code != code)
             if self._disk_full_exit(code, recorded) and self._wait_for_space():
-                previous = None   # the disk was freed meanwhile: the next start is not judged against this one
+                previous = None  # the disk was freed meanwhile: the next start is not judged against this one
             self._backoff(pending.backoff_s)
             cmd = with_resume(self.cmd)
 
@@ -451,14 +504,17 @@ class Watchdog:
         while nothing trains."""
         rate = self._rate()
         cost = f" (this machine bills ${rate:.2f}/h meanwhile)" if rate else ""
-        body = (f"The trainer could not reach its checkpoint store (--ckpt-remote) at start and has no local "
-                f"checkpoint (exit {EXIT_STORE_UNAVAILABLE}). The watchdog relaunches it in {pending.backoff_s:.0f} s "
-                f"(restart {pending.number}/{self.opts.max_restarts}); each start waits for the store again{cost}. "
-                "Check the store's endpoint, keys and status page; stop the watchdog (SIGTERM) to give up.")
+        body = (
+            f"The trainer could not reach its checkpoint store (--ckpt-remote) at start and has no local "
+            f"checkpoint (exit {EXIT_STORE_UNAVAILABLE}). The watchdog relaunches it in {pending.backoff_s:.0f} s "
+            f"(restart {pending.number}/{self.opts.max_restarts}); each start waits for the store again{cost}. "
+            "Check the store's endpoint, keys and status page; stop the watchdog (SIGTERM) to give up."
+        )
         self.log(body, event="store_unavailable", restart=pending.number, first=first)
         if first and self.opts.alerter is not None:
-            self.opts.alerter.send_within(f"x1: the checkpoint store cannot be reached (exit {EXIT_STORE_UNAVAILABLE});"
-                                          " relaunching", body)
+            self.opts.alerter.send_within(
+                f"x1: the checkpoint store cannot be reached (exit {EXIT_STORE_UNAVAILABLE}); relaunching", body
+            )
 
     # -- a full checkpoint disk --
     def _disk_full_exit(self, code: int, recorded: dict[str, Any] | None) -> bool:
@@ -484,33 +540,46 @@ class Watchdog:
             free = free_bytes(self.ckpt_dir)
             if free is None or free >= need:
                 if said is not None:
-                    self.log(f"disk on {self.ckpt_dir}: {free_mb(free)} MB free after {time.monotonic() - since:.0f} s "
-                             f"of waiting (a checkpoint needs {need / 1e6:,.0f} MB): relaunching",
-                             event="disk_space_back", free_mb=None if free is None else round(free / 1e6, 1),
-                             need_mb=round(need / 1e6, 1))
+                    self.log(
+                        f"disk on {self.ckpt_dir}: {free_mb(free)} MB free after {time.monotonic() - since:.0f} s "
+                        f"of waiting (a checkpoint needs {need / 1e6:,.0f} MB): relaunching",
+                        event="disk_space_back",
+                        free_mb=None if free is None else round(free / 1e6, 1),
+                        need_mb=round(need / 1e6, 1),
+                    )
                 return said is not None
             if said is None:
                 self._say_disk_full(free, need)
                 said = time.monotonic()
             elif time.monotonic() - said >= DISK_REMINDER_S:
-                self.log(f"still waiting for space on {self.ckpt_dir}: {free_mb(free)} MB free, a checkpoint needs "
-                         f"{need / 1e6:,.0f} MB ({time.monotonic() - since:.0f} s so far)")
+                self.log(
+                    f"still waiting for space on {self.ckpt_dir}: {free_mb(free)} MB free, a checkpoint needs "
+                    f"{need / 1e6:,.0f} MB ({time.monotonic() - since:.0f} s so far)"
+                )
                 said = time.monotonic()
             self._backoff(self.opts.disk_poll_s)
         return said is not None
 
     def _say_disk_full(self, free: int, need: int) -> None:
-        line = (f"disk full on {self.ckpt_dir}: {free_mb(free)} MB free, a checkpoint needs {need / 1e6:,.0f} MB; "
-                "waiting")
-        self.log(f"{line} (free space is checked every {self.opts.disk_poll_s:g} s and the trainer relaunched when it "
-                 "is there: delete old step dirs or other files on that disk; SIGTERM stops the watchdog)",
-                 event="disk_full", free_mb=round(free / 1e6, 1), need_mb=round(need / 1e6, 1))
+        line = (
+            f"disk full on {self.ckpt_dir}: {free_mb(free)} MB free, a checkpoint needs {need / 1e6:,.0f} MB; waiting"
+        )
+        self.log(
+            f"{line} (free space is checked every {self.opts.disk_poll_s:g} s and the trainer relaunched when it "
+            "is there: delete old step dirs or other files on that disk; SIGTERM stops the watchdog)",
+            event="disk_full",
+            free_mb=round(free / 1e6, 1),
+            need_mb=round(need / 1e6, 1),
+        )
         if self.opts.alerter is not None:
             rate = self._rate()
             bills = f" at ${rate:.2f}/h" if rate else ""
-            self.opts.alerter.send_within(f"x1: {line}", f"{line}. Nothing trains meanwhile and the machine still "
-                                          f"bills{bills}. Free space on that disk: the watchdog then relaunches the "
-                                          "trainer from its last complete checkpoint.")
+            self.opts.alerter.send_within(
+                f"x1: {line}",
+                f"{line}. Nothing trains meanwhile and the machine still "
+                f"bills{bills}. Free space on that disk: the watchdog then relaunches the "
+                "trainer from its last complete checkpoint.",
+            )
 
     def _backoff(self, seconds: float) -> None:
         """Wait before a relaunch; a stop or a budget kill ends the wait early."""
@@ -532,28 +601,43 @@ class Watchdog:
             reason = f"budget: {self.budget_kill.reason} (stopped by the watchdog)"
             with contextlib.suppress(OSError):
                 write_exit_status(self.ckpt_dir, EXIT_BUDGET_NOW, reason)
-            self.log(f"trainer ended (exit {code}) by the watchdog's budget stop; not relaunching",
-                     event="final_exit", exit_code=EXIT_BUDGET_NOW)
+            self.log(
+                f"trainer ended (exit {code}) by the watchdog's budget stop; not relaunching",
+                event="final_exit",
+                exit_code=EXIT_BUDGET_NOW,
+            )
             if self.opts.alerter is not None:
                 from ..budget.monitor import stop_message  # torch-free: the watchdog never imports torch
 
                 line = self.opts.budget_line
-                subject, body = stop_message(EXIT_BUDGET_NOW, reason, line.cap_usd if line else 0.0,
-                                             self.budget_kill.spent_usd, None)
+                subject, body = stop_message(
+                    EXIT_BUDGET_NOW, reason, line.cap_usd if line else 0.0, self.budget_kill.spent_usd, None
+                )
                 self.opts.alerter.send_within(subject, body)
             return EXIT_BUDGET_NOW
         if self.stop_signal is not None:
-            self.log(f"trainer exited with {code} ({describe_exit(code)}) after the forwarded signal; "
-                     "not relaunching", event="stopped", exit_code=code)
+            self.log(
+                f"trainer exited with {code} ({describe_exit(code)}) after the forwarded signal; not relaunching",
+                event="stopped",
+                exit_code=code,
+            )
             self.ending = STOPPED
             return code if code >= 0 else EXIT_INTERRUPTED
         if not should_relaunch(code):
-            self.log(f"trainer exited with {code} ({describe_exit(code)}); not relaunching",
-                     event="final_exit", exit_code=code, restarts=len(self.restarts))
+            self.log(
+                f"trainer exited with {code} ({describe_exit(code)}); not relaunching",
+                event="final_exit",
+                exit_code=code,
+                restarts=len(self.restarts),
+            )
             return code if code >= 0 else 128 - code
         if len(self.restarts) >= self.opts.max_restarts:
-            self.log(f"trainer exited with {code} ({describe_exit(code)}); --max-restarts {self.opts.max_restarts} "
-                     "reached, giving up", event="gave_up", exit_code=code)
+            self.log(
+                f"trainer exited with {code} ({describe_exit(code)}); --max-restarts {self.opts.max_restarts} "
+                "reached, giving up",
+                event="gave_up",
+                exit_code=code,
+            )
             self.ending = GAVE_UP
             return code if code >= 0 else 128 - code
         return None
@@ -572,15 +656,21 @@ class Watchdog:
     def _record_restart(self, code: int, now: _Exit, failures: int) -> Restart:
         backoff = min(self.opts.backoff_s * (2 ** max(failures - 1, 0)), self.opts.max_backoff_s)
         # progress.json is written every log step, so the stop's own checkpoint can be newer than it
-        lost = max(now.step - now.checkpoint_step, 0) if now.step is not None and now.checkpoint_step is not None \
+        lost = (
+            max(now.step - now.checkpoint_step, 0)
+            if now.step is not None and now.checkpoint_step is not None
             else now.step
-        pending = Restart(len(self.restarts) + 1, code, describe_exit(code), now.step, now.checkpoint_step, lost,
-                          backoff)
+        )
+        pending = Restart(
+            len(self.restarts) + 1, code, describe_exit(code), now.step, now.checkpoint_step, lost, backoff
+        )
         self.restarts.append(pending)
         latest = f"step_{now.checkpoint_step:07d}" if now.checkpoint_step is not None else "none"
-        self.log(f"trainer exited with {code} ({describe_exit(code)}) at step {now.step}; latest checkpoint {latest} "
-                 f"(about {lost if lost is not None else '?'} steps to redo); relaunching with --resume-from-latest "
-                 f"in {backoff:.1f} s (restart {pending.number}/{self.opts.max_restarts})")
+        self.log(
+            f"trainer exited with {code} ({describe_exit(code)}) at step {now.step}; latest checkpoint {latest} "
+            f"(about {lost if lost is not None else '?'} steps to redo); relaunching with --resume-from-latest "
+            f"in {backoff:.1f} s (restart {pending.number}/{self.opts.max_restarts})"
+        )
         return pending
 
 
@@ -592,18 +682,25 @@ def launch_detached(argv: list[str], log_file: Path) -> int:
     log_file = log_file.resolve()
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "x1_pretrain.watchdog", *rest], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "x1_pretrain.watchdog", *rest],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        code = proc.wait(timeout=1.0)   # a watchdog that fails at once is reported here, not lost in the log
+        code = proc.wait(timeout=1.0)  # a watchdog that fails at once is reported here, not lost in the log
     except subprocess.TimeoutExpired:
         code = None
     if code is not None:
         print(f"error: the detached watchdog exited at once with {code}; see {log_file}", file=sys.stderr)
         return code or 1
-    print(f"[watchdog] running in the background as pid {proc.pid}, in its own session: closing this terminal does "
-          f"not touch it\n  follow: tail -f {log_file}\n  stop:   kill -TERM {proc.pid}   (the trainer checkpoints "
-          "and exits 75; the watchdog does not relaunch)")
+    print(
+        f"[watchdog] running in the background as pid {proc.pid}, in its own session: closing this terminal does "
+        f"not touch it\n  follow: tail -f {log_file}\n  stop:   kill -TERM {proc.pid}   (the trainer checkpoints "
+        "and exits 75; the watchdog does not relaunch)"
+    )
     return 0
 
 
@@ -611,7 +708,10 @@ def old_log_file(events_file: Path | None, log_file: Path | None) -> tuple[Path 
     """(events file, log file): before --events-file existed, --log-file held the JSON events, and a FILE.jsonl
     still does, for one release, with a notice."""
     if log_file is not None and log_file.suffix == ".jsonl" and events_file is None:
-        print(f"[watchdog] deprecated: --log-file {log_file} (JSON lines) is now --events-file; --log-file is "
-              "the text log", file=sys.stderr)
+        print(
+            f"[watchdog] deprecated: --log-file {log_file} (JSON lines) is now --events-file; --log-file is "
+            "the text log",
+            file=sys.stderr,
+        )
         return log_file, None
     return events_file, log_file
