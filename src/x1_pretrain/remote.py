@@ -30,7 +30,7 @@ from pathlib import Path
 from .core.cli import guarded
 from .core.errors import EXIT_UNEXPECTED, X1Error
 from .core.objstore import CREDENTIALS_FIX, RemoteURL, Store, StoreError
-from .core.remote_dir import RUN_ID_ENV, PullFailed, check_owner, given_run_id, pull, push, run_id_of_dir, verify
+from .core.remote_dir import RUN_ID_ENV, PullFailed, check_owner, pull, push, run_id_for, verify
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,11 +94,6 @@ def _verified(store: Store, local: Path) -> int:
 RUN_HOW = f"--run-dir CKPT_DIR of that run, or {RUN_ID_ENV}=ID"
 
 
-def _run_id(run_dir: Path | None) -> str | None:
-    """This push's run id: ``--run-dir``'s ``x1-run.json``, else ``$X1_RUN_ID`` (None: neither)."""
-    return (run_id_of_dir(run_dir) if run_dir is not None else None) or given_run_id()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
@@ -107,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         store = Store(url)
         try:
             if args.cmd == "push":
-                check_owner(store, _run_id(args.run_dir), RUN_HOW)
+                check_owner(store, run_id_for(args.run_dir), RUN_HOW)
                 push(store, args.local, lambda s: print(f"[remote] {s}", flush=True), if_absent=args.if_absent)
                 return _verified(store, args.local) if args.verify else 0
             got = pull(store, args.local, lambda s: print(f"[remote] {s}", flush=True))

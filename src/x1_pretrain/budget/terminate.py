@@ -135,12 +135,9 @@ def refused_push(end: EndOfBill) -> str | None:
     ``$X1_RUN_ID``), or an owner that cannot be read; nothing is pushed then."""
     assert end.bundle_remote is not None
     try:
-        run_id = (
-            remote_dir.run_id_of_dir(end.run_dir) if end.run_dir is not None else None
-        ) or remote_dir.given_run_id()
         remote_dir.check_owner(
             Store(RemoteURL.parse(end.bundle_remote, what="--bundle-remote")),
-            run_id,
+            remote_dir.run_id_for(end.run_dir),
             f"the train command's --ckpt-dir holds its x1-run.json, or {remote_dir.RUN_ID_ENV}",
         )
     except X1Error as e:

@@ -278,6 +278,11 @@ def given_run_id() -> str | None:
     return value
 
 
+def run_id_for(run_dir: Path | None) -> str | None:
+    """The run id a command acts as: ``run_dir``'s ``x1-run.json``, else ``$X1_RUN_ID`` (None: neither)."""
+    return (run_id_of_dir(run_dir) if run_dir is not None else None) or given_run_id()
+
+
 def nearest_owner(store: Store) -> tuple[str, str] | None:
     """The nearest ``x1-run.json`` at or above the store's prefix: (the owned prefix's URL, its run id), the id
     ``unreadable`` for one that cannot be parsed; None when no prefix above is owned. A StoreError when one

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..core.errors import X1Error
 from ..core.fileio import write_text_atomic
 from ..core.objstore import Store, StoreError
-from ..core.remote_dir import RUN_FILE, RUN_ID_ENV, given_run_id, run_id_in
+from ..core.remote_dir import RUN_FILE, RUN_ID_ENV, given_run_id, run_id_in, run_id_of_dir
 from . import checkpoint as ck
 
 OWNER = RUN_FILE  # "x1-run.json": in the checkpoint dir and under the prefix
@@ -35,19 +35,13 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
 
 
-_parse = run_id_in
-
-
 def _blob(run_id: str) -> str:
     return json.dumps({"format": FORMAT, "run_id": run_id, "created_unix": round(time.time(), 3)}) + "\n"
 
 
 def local_id(ckpt_dir: Path) -> str | None:
     """The run id this checkpoint dir belongs to (None: none recorded yet)."""
-    try:
-        return _parse((ckpt_dir / OWNER).read_text())
-    except OSError:
-        return None
+    return run_id_of_dir(ckpt_dir)
 
 
 def keep_local(ckpt_dir: Path, run_id: str) -> None:
@@ -62,7 +56,7 @@ def remote_id(store: Store) -> str | None:
     data = store.get_bytes(OWNER)
     if data is None:
         return None
-    return _parse(data) or "unreadable"
+    return run_id_in(data) or "unreadable"
 
 
 def claim(store: Store, run_id: str) -> str:
