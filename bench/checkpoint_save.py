@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from x1_pretrain.ckpt import checkpoint as ck
 from x1_pretrain.core.config import Config
 from x1_pretrain.model.transformer import Transformer, state_dict_for_saving
-from x1_pretrain.training import checkpoint as ck
 
 
 def main() -> int:

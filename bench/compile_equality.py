@@ -28,8 +28,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from x1_pretrain.core import config as C
     from x1_pretrain.model.transformer import Transformer
-    from x1_pretrain.training.device import compile_model
-    from x1_pretrain.training.optim import build_optimizer
+    from x1_pretrain.trainer.device import compile_model
+    from x1_pretrain.trainer.optim import build_optimizer
 
     repo = Path(__file__).resolve().parents[1]
     cfg = C.load(repo / "configs" / "x1-tiny-cpu.yaml", sets=["model.seq_len=32"])

@@ -159,8 +159,8 @@ def build(cfg: Any, device: Any, seed: int = 0) -> tuple[Any, Any]:
     import torch
 
     from x1_pretrain.model.transformer import Transformer
-    from x1_pretrain.training.device import forward_kernels, hardware_plan
-    from x1_pretrain.training.optim import build_optimizer
+    from x1_pretrain.trainer.device import forward_kernels, hardware_plan
+    from x1_pretrain.trainer.optim import build_optimizer
 
     torch.manual_seed(seed)
     model = Transformer(cfg.model).to(device)
@@ -221,7 +221,7 @@ def phase_grads(cfg: Any, device: Any, out: Partial) -> None:
     """Accumulated gradients (4 micro-batches) of eager vs each compile mode, same init, same batches."""
     import torch
 
-    from x1_pretrain.training.device import effective_compile_mode
+    from x1_pretrain.trainer.device import effective_compile_mode
 
     small = small_config(cfg, device.type == "cuda")
     ids = batches(small, device, small.train.grad_accum_steps)
@@ -644,7 +644,7 @@ def phase_ab(args: argparse.Namespace, device: Any, out: Partial, compiled: bool
     variant that would not finish within the phase's budget (its compile measured on the baseline) is skipped."""
     import torch
 
-    from x1_pretrain.training.device import compile_model, make_deterministic, undo_deterministic
+    from x1_pretrain.trainer.device import compile_model, make_deterministic, undo_deterministic
 
     tiny = device.type != "cuda"
     started = time.monotonic()
@@ -717,7 +717,7 @@ def phase_profile(args: argparse.Namespace, cfg: Any, device: Any, out: Partial)
     """Device time (CPU op time on a CPU) of one optimizer step of the trainer's configuration, by group."""
     from torch.profiler import ProfilerActivity, profile
 
-    from x1_pretrain.training.device import compile_model, effective_compile_mode
+    from x1_pretrain.trainer.device import compile_model, effective_compile_mode
 
     model, opt = build(cfg, device)
     forward: Any = model
@@ -992,7 +992,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("")
     scratch = Path(tempfile.mkdtemp(prefix="x1-gpu-check-"))
-    # the trainer's own Inductor cache (training/device.py): what the phases compile, the paid run finds warm
+    # the trainer's own Inductor cache (trainer/device.py): what the phases compile, the paid run finds warm
     env = {
         **os.environ,
         "TORCHINDUCTOR_CACHE_DIR": inductor_cache_dir(),
@@ -1020,7 +1020,7 @@ def phase_limits(args: argparse.Namespace) -> list[tuple[str, float]]:
 
 
 def inductor_cache_dir() -> str:
-    from x1_pretrain.training.device import inductor_cache
+    from x1_pretrain.trainer.device import inductor_cache
 
     return str(inductor_cache())
 

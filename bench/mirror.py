@@ -56,9 +56,9 @@ def _loop(steps: int, ckpt_every: int, ckpt_dir: Path, model_mb: float, mirror) 
     """Step times of a fixed training step with an async checkpoint every ``ckpt_every`` steps."""
     import torch
 
+    from x1_pretrain.ckpt.checkpointer import CheckpointCalls, Checkpointer
     from x1_pretrain.core import config as C
     from x1_pretrain.model.transformer import Transformer, state_dict_for_saving
-    from x1_pretrain.training.checkpointer import CheckpointCalls, Checkpointer
 
     cfg = C.load(str(REPO / "configs" / "x1-tiny-cpu.yaml"), {}, ["model.seq_len=64"])
     torch.manual_seed(0)
@@ -124,8 +124,8 @@ def main() -> int:
     try:
         import boto3
 
-        from x1_pretrain.core.objstore import RemoteURL, Store
-        from x1_pretrain.training.mirror import Mirror
+        from x1_pretrain.ckpt.mirror import Mirror
+        from x1_pretrain.ckpt.objstore import RemoteURL, Store
 
         boto3.client("s3").create_bucket(Bucket="x1-bench")
         store = Store(RemoteURL.parse("s3://x1-bench/run"))

@@ -104,7 +104,7 @@ def bench_loader(seq_len: int = 1024, micro: int = 32) -> None:
 
 
 def bench_logging(steps: int = 200) -> None:
-    from x1_pretrain.training.tracking import MlflowTracker
+    from x1_pretrain.trainer.tracking import MlflowTracker
 
     keys = [
         "train/loss",

@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 import yaml
 
+from x1_pretrain.ckpt import checkpoint as ck
 from x1_pretrain.core.config import Config, ModelConfig
 from x1_pretrain.model.transformer import Transformer, state_dict_for_saving
-from x1_pretrain.training import checkpoint as ck
 
 # GPT-2's vocabulary (the tokenizer test needs it), everything else tiny; a non-default RoPE base so a
 # converter that ignored it would give other logits.

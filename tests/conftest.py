@@ -108,7 +108,7 @@ def shared_build(tmp_path_factory, name: str, build) -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def seeded_sqlite_stores(tmp_path_factory):
     """In-process runs that create their default sqlite store get a copy of the migrated template."""
-    from x1_pretrain.training import tracking
+    from x1_pretrain.trainer import tracking
 
     _template_db(shared_root(tmp_path_factory))
     original = tracking.resolve_uri
@@ -120,7 +120,7 @@ def seeded_sqlite_stores(tmp_path_factory):
         return original(uri, ckpt_dir)
 
     tracking.resolve_uri = resolve
-    import x1_pretrain.training.build as build
+    import x1_pretrain.launch.build as build
 
     build.resolve_uri = resolve
     yield

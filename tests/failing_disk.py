@@ -24,7 +24,7 @@ def failing(spec: str):
 def main() -> int:
     spec, argv = sys.argv[1], sys.argv[sys.argv.index("--") + 1 :]
     fails = failing(spec)
-    from x1_pretrain.training import checkpoint as ck
+    from x1_pretrain.ckpt import checkpoint as ck
 
     real = ck._fill_step_dir
 

@@ -16,7 +16,7 @@ import pytest
 from .conftest import REPO
 
 PKG = REPO / "src" / "x1_pretrain"
-SUBPACKAGES = ("core", "data", "model", "evals", "training", "budget", "report")
+SUBPACKAGES = ("core", "data", "model", "evals", "budget", "ckpt", "trainer", "supervise", "launch", "report")
 ENTRY_POINTS = (
     "tokenize_data",
     "train",
@@ -43,12 +43,15 @@ MAY_IMPORT = {
     "model": {"core"},
     "evals": {"core", "data"},
     "budget": {"core", "model"},
-    "training": {"core", "data", "model", "evals", "budget"},
-    "report": {"core", "data", "model", "evals", "budget", "training"},
-    "demo": {"core", "data", "model", "evals", "budget", "training", "report"},
+    "ckpt": {"core", "budget"},
+    "trainer": {"core", "data", "model", "evals", "budget", "ckpt"},
+    "supervise": {"core", "budget", "ckpt"},  # never the trainer it guards (nor torch: see below)
+    "launch": {"core", "data", "model", "evals", "budget", "ckpt", "trainer", "supervise"},
+    "report": {"core", "data", "model", "evals", "budget", "ckpt", "trainer"},
+    "demo": set(SUBPACKAGES) - {"demo"},
 }
-# report reads training's on-disk formats only, never its machinery
-REPORT_MAY_READ_FROM_TRAINING = {"training.checkpoint", "training.spike"}
+# report reads the trainer's on-disk formats only, never its machinery
+REPORT_MAY_READ = {"ckpt.checkpoint", "trainer.spike"}
 
 
 def _module_name(path: Path) -> str:
@@ -65,7 +68,7 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
             if node.level:
                 base = here[: len(here) - node.level]
                 target = [*base, *(node.module.split(".") if node.module else [])]
-                if node.module and len(target) == 1 and target[0] in SUBPACKAGES:  # from ..training import checkpoint
+                if node.module and len(target) == 1 and target[0] in SUBPACKAGES:  # from ..ckpt import checkpoint
                     internal.update(f"{target[0]}.{a.name}" for a in node.names)
                 elif node.module:
                     internal.add(".".join(target))
@@ -102,10 +105,8 @@ def test_each_subpackage_imports_only_what_it_may(sub):
         for target in internal:
             top = target.split(".")[0]
             assert top in allowed, f"{name} imports {target}: {sub} may import only {sorted(allowed)}"
-            if sub == "report" and top == "training":
-                assert target in REPORT_MAY_READ_FROM_TRAINING, (
-                    f"{name} imports {target}: report reads training's on-disk formats only"
-                )
+            if sub == "report" and top in ("ckpt", "trainer"):
+                assert target in REPORT_MAY_READ, f"{name} imports {target}: report reads on-disk formats only"
 
 
 def test_subpackages_never_import_the_entry_points():
@@ -117,7 +118,7 @@ def test_subpackages_never_import_the_entry_points():
 
 def test_only_tracking_and_runs_touch_mlflow():
     users = sorted(m for m, (_, ext) in MODULES.items() if "mlflow" in ext)
-    assert users == ["report.runs", "training.tracking"]
+    assert users == ["report.runs", "trainer.tracking"]
 
 
 def test_data_and_model_never_import_each_other():
@@ -140,7 +141,9 @@ def test_the_budget_decision_is_pure():
 
 def test_the_dod_checker_reads_only_files():
     internal, external = MODULES["report.dod"]
-    assert not {t for t in internal if t.startswith("training.") and t != "training.checkpoint"}
+    assert not {
+        t for t in internal if t.split(".")[0] in ("ckpt", "trainer", "launch", "supervise") and t != "ckpt.checkpoint"
+    }
     assert "report.runs" not in internal and "mlflow" not in external
 
 
@@ -254,7 +257,7 @@ def test_metric_names_are_constants_and_every_name_read_is_written():
     for p, refs in used.items():
         unknown = [r for r in refs if not hasattr(names, r)]
         assert not unknown, f"{p.name}: {unknown}"
-    written = set().union(*(r for p, r in used.items() if p.parent.name in ("training", "budget")))
+    written = set().union(*(r for p, r in used.items() if p.parent.name in ("trainer", "launch", "ckpt", "budget")))
     read = set().union(*(r for p, r in used.items() if p.parent.name == "report"))
     assert read <= written, f"read but never written: {sorted(read - written)}"
     constants = {k for k, v in vars(names).items() if isinstance(v, str) and v in names.METRICS}
@@ -270,7 +273,7 @@ def test_tag_names_are_constants_and_every_tag_read_is_written():
     found = [f"{p.relative_to(PKG)}: {m.group(0)}" for p in FILES for m in bare.finditer(p.read_text())]
     assert not found, f"use the TAG_ constants of core/names.py: {found}"
     used = {p: set(re.findall(r"\bN\.(TAG_[A-Z0-9_]+)\b", p.read_text())) for p in FILES}
-    written = set().union(*(r for p, r in used.items() if p.parent.name in ("training", "budget")))
+    written = set().union(*(r for p, r in used.items() if p.parent.name in ("trainer", "launch", "ckpt", "budget")))
     read = set().union(*(r for p, r in used.items() if p.parent.name == "report"))
     assert read <= written, f"read but never written: {sorted(read - written)}"
     constants = {k for k, v in vars(names).items() if k.startswith("TAG_")}

@@ -13,7 +13,7 @@ from packaging.requirements import Requirement
 
 from x1_pretrain.core.config import TrainConfig
 from x1_pretrain.report.hf_export import transformers_hint
-from x1_pretrain.training.device import WITHOUT_CUDA_GRAPHS
+from x1_pretrain.trainer.device import WITHOUT_CUDA_GRAPHS
 
 from .conftest import REPO
 

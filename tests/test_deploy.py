@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from x1_pretrain import tokenize_data, train
-from x1_pretrain.core.objstore import RemoteURL, Store
+from x1_pretrain.ckpt.objstore import RemoteURL, Store
 
 from .servers import wait_until
 

@@ -24,8 +24,8 @@ from .budget.planner import GPUS, Ask, Plan, make_plan
 from .core import config as C
 from .core.cli import guarded
 from .core.errors import X1Error
-from .training.options import add_budget_flags, add_eval_task_flags, budget_overrides, eval_cost, eval_task_overrides
-from .training.schedule import planned
+from .launch.options import add_budget_flags, add_eval_task_flags, budget_overrides, eval_cost, eval_task_overrides
+from .trainer.schedule import planned
 
 
 def build_parser() -> argparse.ArgumentParser:

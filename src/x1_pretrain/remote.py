@@ -27,10 +27,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from .ckpt.objstore import CREDENTIALS_FIX, RemoteURL, Store, StoreError
+from .ckpt.remote_dir import RUN_ID_ENV, PullFailed, check_owner, pull, push, run_id_for, verify
 from .core.cli import guarded
 from .core.errors import EXIT_UNEXPECTED, X1Error
-from .core.objstore import CREDENTIALS_FIX, RemoteURL, Store, StoreError
-from .core.remote_dir import RUN_ID_ENV, PullFailed, check_owner, pull, push, run_id_for, verify
 
 
 def build_parser() -> argparse.ArgumentParser:

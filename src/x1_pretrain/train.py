@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
+from .ckpt.checkpoint import record_exit_status
 from .core.console import guarded_console
-from .training.checkpoint import record_exit_status
-from .training.options import build_parser, options_from
-from .training.session import main_guarded
+from .launch.options import build_parser, options_from
+from .launch.session import main_guarded
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,13 +37,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
-from .budget import alerts, terminate
+from .budget import alerts
 from .core.console import guarded_console
 from .core.errors import EXIT_USAGE, X1Error, exit_code_help
 from .core.names import default_mlflow_uri
-from .training import watchdog as W
-from .training.options import budget_of_command
+from .launch.options import budget_of_command
+from .supervise import terminate
+from .supervise import watchdog as W
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def end_run(*args: Any) -> bool:
+    """The trainer's way to end a run at its last checkpoint, loaded only when a crash-looped run needs it."""
+    from .launch.session import end_at_last_checkpoint
+
+    return end_at_last_checkpoint(*args)
+
+
 def options(args: argparse.Namespace, cmd: list[str]) -> W.WatchdogOptions:
     train_cap, train_source = budget_of_command(cmd)
     cap = (
@@ -120,6 +129,7 @@ def options(args: argparse.Namespace, cmd: list[str]) -> W.WatchdogOptions:
         end_of_bill=end,
         alerter=alerts.from_env(),
         mlflow_uri=W.flag_of(cmd, "--mlflow-uri"),
+        end_run=end_run,
         **W.disk_options(args),
     )
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from x1_pretrain import train
-from x1_pretrain.training import checkpoint as ck
+from x1_pretrain.ckpt import checkpoint as ck
 
 from ..conftest import FAST, TINY
 from ..procs import SMALL_BATCH, train_cmd

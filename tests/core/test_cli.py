@@ -8,7 +8,7 @@ import pytest
 
 from x1_pretrain import budget_sidecar, export_run, plan
 from x1_pretrain.core.cli import old_spelling
-from x1_pretrain.training import options
+from x1_pretrain.launch import options
 
 
 def test_an_old_spelling_sets_the_new_destination_with_one_notice(capsys):

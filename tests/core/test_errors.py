@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from x1_pretrain.core.errors import EXIT_CODES
-from x1_pretrain.training import watchdog as W
-from x1_pretrain.training.options import build_parser
+from x1_pretrain.launch.options import build_parser
+from x1_pretrain.supervise import watchdog as W
 
 from ..conftest import REPO
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from x1_pretrain import export_run
+from x1_pretrain.ckpt import checkpoint as ck
 from x1_pretrain.core import config as C
 from x1_pretrain.core.errors import EXIT_USAGE, X1Error
 from x1_pretrain.model import flops
 from x1_pretrain.report import bundle, manifest, runs
-from x1_pretrain.training import checkpoint as ck
 
 from ..conftest import FAST, TINY
 from ..run_bundle import RESTARTS, SPENT_AT_EXPORT, SPENT_IN_CHECKPOINT, STEPS, BuiltRun, build, train_overrides

@@ -5,10 +5,10 @@ import shutil
 import pytest
 import torch
 
+from x1_pretrain.ckpt import checkpoint as ck
 from x1_pretrain.core.config import ModelConfig
 from x1_pretrain.core.errors import X1Error
 from x1_pretrain.report.ckpt_source import load_model, resolve
-from x1_pretrain.training import checkpoint as ck
 
 from ..ckpt_utils import SMALL_VOCAB, random_model, write_checkpoint, write_config_yaml
 

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
+from x1_pretrain.ckpt import checkpoint as ck
 from x1_pretrain.core import safetensors_io
 from x1_pretrain.export_hf import main
 from x1_pretrain.model.generate import Sampling, generate
-from x1_pretrain.training import checkpoint as ck
 
 from ..ckpt_utils import SMALL_VOCAB, TINY_GPT2, random_model, write_checkpoint, write_config_yaml
 from ..conftest import shared_path

@@ -33,9 +33,9 @@ from typing import Any, NoReturn
 from ..budget import ledger
 from ..budget.ledger import LEDGER_FILE
 from ..core import names as N
-from ..core.objstore import MISSING_KEY_CODES, Store, StoreError, scrub
 from . import checkpoint as ck
 from . import run_owner
+from .objstore import MISSING_KEY_CODES, Store, StoreError, scrub
 
 STAGING = ".mirror"
 MLFLOW_DB = N.MLFLOW_DB
@@ -77,7 +77,7 @@ def mlflow_store(mlflow_uri: str | None, ckpt_dir: Path) -> MlflowStore | None:
 
 
 class _UploadProcess:
-    """The upload worker (``training/upload_worker.py``): a child process started on first use, niced, in a session
+    """The upload worker (``ckpt/upload_worker.py``): a child process started on first use, niced, in a session
     of its own (a signal to the trainer's process group does not reach it), that uploads one file per request.
     A worker that dies or does not answer in time is killed and started again at the next request; after
     ``MAX_DEATHS`` in a row the mirror uploads in-process instead (``put_file`` returns False)."""
@@ -99,7 +99,7 @@ class _UploadProcess:
                 return None
             if self.proc is None or self.proc.poll() is not None:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-m", "x1_pretrain.training.upload_worker", str(os.getpid())],
+                    [sys.executable, "-m", "x1_pretrain.ckpt.upload_worker", str(os.getpid())],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     text=True,

@@ -1,4 +1,4 @@
-"""An S3-compatible object store, ``s3://BUCKET/PREFIX``, for the checkpoint mirror (``training/mirror.py``).
+"""An S3-compatible object store, ``s3://BUCKET/PREFIX``, for the checkpoint mirror (``ckpt/mirror.py``).
 
 The endpoint and the credentials come from the standard AWS variables, read by botocore itself
 (``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import redact
-from .errors import X1Error
+from ..core import redact
+from ..core.errors import X1Error
 
 SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 AUTH_CODES = {

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import X1Error
-from .fileio import inside, pid_alive, sha256_file
+from ..core.errors import X1Error
+from ..core.fileio import inside, pid_alive, sha256_file
 from .objstore import Store, StoreError
 
 MANIFEST = "x1-dir.json"
@@ -241,7 +241,7 @@ def pull(store: Store, local: Path, log: Log) -> str:
     return "pulled"
 
 
-# -- whose prefix a push writes into: a run never overwrites what another run wrote (training/run_owner.py) --
+# -- whose prefix a push writes into: a run never overwrites what another run wrote (ckpt/run_owner.py) --
 RUN_FILE = "x1-run.json"  # a run's id: in its checkpoint dir, and at the root of the --ckpt-remote prefix it owns
 RUN_ID_ENV = "X1_RUN_ID"  # an explicit run id: a fresh run takes it, a resume proves with it which run it is
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")

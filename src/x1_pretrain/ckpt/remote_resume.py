@@ -1,4 +1,4 @@
-"""``--resume-from-latest`` with ``--ckpt-remote``: bring what the mirror (``training/mirror.py``) keeps back to
+"""``--resume-from-latest`` with ``--ckpt-remote``: bring what the mirror (``ckpt/mirror.py``) keeps back to
 this machine before anything reads the checkpoint dir.
 
 The newest complete remote checkpoint (one with ``DONE``) comes down when it is newer than the newest complete
@@ -25,10 +25,10 @@ from typing import Any
 from ..budget.ledger import LEDGER_FILE, merge, parse_text, read, spent
 from ..core.errors import EXIT_INTERRUPTED, EXIT_STORE_UNAVAILABLE, EXIT_UNEXPECTED, X1Error
 from ..core.fileio import fsync_dir, inside, replace_dir, write_text_atomic
-from ..core.objstore import Store, StoreError, launch_error
 from . import checkpoint as ck
 from . import run_owner
 from .mirror import MLFLOW_DB, MLFLOW_FILES, MlflowStore
+from .objstore import Store, StoreError, launch_error
 
 Log = Callable[[str], None]
 _HOSTILE = "x1 never writes such a key (someone with write access to the bucket did); delete it from the bucket"

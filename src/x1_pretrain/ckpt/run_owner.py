@@ -7,7 +7,7 @@ A run's id is made once, by its first launch, and kept in ``<ckpt-dir>/x1-run.js
 the same run keep the id (the checkpoint dir holds it; a resume on an empty disk proves it with ``$X1_RUN_ID``:
 nothing adopts an owner's id without that proof). Every object
 the mirror writes carries the id as user metadata (``x1-run``), and the mirror deletes only objects that carry
-its own (``training/mirror.py``).
+its own (``ckpt/mirror.py``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from ..core.errors import X1Error
 from ..core.fileio import write_text_atomic
-from ..core.objstore import Store, StoreError
-from ..core.remote_dir import RUN_FILE, RUN_ID_ENV, given_run_id, run_id_in, run_id_of_dir
 from . import checkpoint as ck
+from .objstore import Store, StoreError
+from .remote_dir import RUN_FILE, RUN_ID_ENV, given_run_id, run_id_in, run_id_of_dir
 
 OWNER = RUN_FILE  # "x1-run.json": in the checkpoint dir and under the prefix
 FORMAT = "x1-run/1"

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..core.objstore import RemoteURL, Store, StoreError, scrub
+from .objstore import RemoteURL, Store, StoreError, scrub
 
 
 def serve(lines: Any, out: Any) -> None:

@@ -72,7 +72,7 @@ class OptimConfig:
     lr: float = 3e-4  # peak learning rate
     min_lr: float = 3e-5  # cosine floor
     warmup_steps: int = 1000  # linear warmup from lr/warmup_steps to lr
-    schedule: Literal["cosine", "constant", "wsd"] = "cosine"  # wsd: warmup-stable-decay (training/schedule.py)
+    schedule: Literal["cosine", "constant", "wsd"] = "cosine"  # wsd: warmup-stable-decay (trainer/schedule.py)
     decay_fraction: float = 0.2  # wsd: the share of the run spent decaying to min_lr
     decay_shape: Literal["linear", "1-sqrt", "cosine"] = "1-sqrt"  # wsd: the decay's shape
     beta1: float = 0.9

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..training.checkpoint import read_progress
+from ..ckpt.checkpoint import read_progress
 from .billing import StepBilling
 
 PY = sys.executable

@@ -1,4 +1,4 @@
-"""Turn a resolved config and the trainer's options into a ready :class:`~x1_pretrain.training.loop.Run`:
+"""Turn a resolved config and the trainer's options into a ready :class:`~x1_pretrain.trainer.loop.Run`:
 data, model, optimizer, tracking, checkpoints, spikes and the budget monitor, each built by one small
 function, so ``session.py`` can read as: gate → build → loop → exit code."""
 
@@ -16,6 +16,8 @@ from typing import Any
 from ..budget import alerts
 from ..budget.gate import expected_step_s
 from ..budget.ledger import LEDGER_FILE
+from ..ckpt import checkpoint as ck
+from ..ckpt.checkpointer import CheckpointCalls, Checkpointer
 from ..core import config as C
 from ..core import names as N
 from ..core import redact
@@ -24,11 +26,9 @@ from ..core.errors import X1Error
 from ..data.tokens import Prefetcher, Sampler, TokenData, gather, open_token_data, val_starts
 from ..model import flops
 from ..model.transformer import Transformer, sdpa_backend, state_dict_for_saving
-from . import checkpoint as ck
-from .budget_control import BudgetControl, FitContext
-from .callbacks import MirrorRefused, ProgressFile, loop_callbacks
-from .checkpointer import CheckpointCalls, Checkpointer
-from .device import (
+from ..trainer.budget_control import BudgetControl, FitContext
+from ..trainer.callbacks import MirrorRefused, ProgressFile, loop_callbacks
+from ..trainer.device import (
     CompileFallback,
     check_deterministic_compile,
     compile_model,
@@ -39,13 +39,11 @@ from .device import (
     make_deterministic,
     seed_everything,
 )
-from .distributed import World
-from .loop import LoopState, Run, StopFlag
-from .optim import build_optimizer
-from .options import TrainOptions, eval_cost
-from .resume import RankStart, Resume, agree_on_checkpoint, find_resume, restore
-from .schedule import Horizon, planned
-from .spike import (
+from ..trainer.distributed import World
+from ..trainer.loop import LoopState, Run, StopFlag
+from ..trainer.optim import build_optimizer
+from ..trainer.schedule import Horizon, planned
+from ..trainer.spike import (
     SpikeDetector,
     SpikeInjector,
     SpikeReport,
@@ -54,7 +52,9 @@ from .spike import (
     rare_token_distribution,
     unigram_counts,
 )
-from .tracking import MlflowTracker, NullTracker, resolve_uri, run_tags
+from ..trainer.tracking import MlflowTracker, NullTracker, resolve_uri, run_tags
+from .options import TrainOptions, eval_cost
+from .resume import RankStart, Resume, agree_on_checkpoint, find_resume, restore
 
 Log = Callable[[str], None]
 
@@ -70,11 +70,11 @@ class Context:
     log: Log
     stop: StopFlag
     started_unix: float
-    guard: Any = None  # training.budget_control.BudgetSetup when a cap is set (rank 0 only), else None
+    guard: Any = None  # trainer.budget_control.BudgetSetup when a cap is set (rank 0 only), else None
     deadline: Any = None  # signals.StopDeadline: what is left of --stop-grace-s after a stop request
     on_built: Callable[[Any], None] | None = None  # told the Built once it is ready (the stop deadline's view)
-    mirror: Any = None  # training.mirror.Mirror with --ckpt-remote (rank 0 only), else None
-    mlflow_store: Any = None  # training.mirror.MlflowStore on this disk (the mirror copies it), else None
+    mirror: Any = None  # ckpt.mirror.Mirror with --ckpt-remote (rank 0 only), else None
+    mlflow_store: Any = None  # ckpt.mirror.MlflowStore on this disk (the mirror copies it), else None
 
     @property
     def ckpt_dir(self) -> Path:
@@ -457,7 +457,7 @@ def _task_eval(ctx: Context) -> list[Any]:
     from ..data.tokenizer import load_gpt2
     from ..evals.run import load_items
     from ..evals.sets import task_list
-    from .task_eval import TaskEval
+    from ..trainer.task_eval import TaskEval
 
     t = ctx.cfg.train
     names = task_list(t.eval_tasks)

@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..ckpt import checkpoint as ck
 from ..core import config as C
 from ..core.errors import RankLost, X1Error
 from ..core.fileio import replace_dir, write_text_atomic
-from . import checkpoint as ck
-from . import distributed
-from .loop import LoopState
+from ..trainer import distributed
+from ..trainer.loop import LoopState
 
 Log = Callable[[str], None]
 

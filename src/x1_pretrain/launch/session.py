@@ -20,6 +20,7 @@ from ..budget import gate as bg
 from ..budget.guard import STALE_AFTER_INTERVALS, Limits
 from ..budget.money import Lines
 from ..budget.source import read_source
+from ..ckpt import checkpoint as ck
 from ..core import config as C
 from ..core import names as N
 from ..core.config import BudgetConfig
@@ -40,15 +41,14 @@ from ..core.errors import (
 from ..core.fileio import disk_full
 from ..core.names import EXPERIMENT
 from ..model import flops
-from . import checkpoint as ck
-from . import distributed
-from .budget_control import BudgetSetup, stop_message
+from ..supervise.lock import RunLock
+from ..supervise.signals import StopDeadline, install_signal_handlers, watch_parent
+from ..trainer import distributed
+from ..trainer.budget_control import BudgetSetup, stop_message
+from ..trainer.device import resolve_device
+from ..trainer.loop import Diverged, StopFlag, train_loop
 from .build import Built, Context, build_run, start_batches, tag_final
-from .device import resolve_device
-from .lock import RunLock
-from .loop import Diverged, StopFlag, train_loop
 from .options import TrainOptions, eval_cost, warn_visible_secrets
-from .signals import StopDeadline, install_signal_handlers, watch_parent
 
 Log = Callable[[str], None]
 
@@ -154,7 +154,7 @@ def end_at_last_checkpoint(
         run_id = found.state.get("mlflow_run_id")
         if not run_id:
             return True
-        from .tracking import MlflowTracker, resolve_uri
+        from ..trainer.tracking import MlflowTracker, resolve_uri
 
         uri, _ = resolve_uri(mlflow_uri, ckpt_dir)
         tracker = MlflowTracker(uri, None, "", run_id=str(run_id), experiment=experiment or EXPERIMENT)
@@ -259,7 +259,7 @@ class _Where:
     world: Any
     device: Any
     started_unix: float
-    remote: Any = None  # core.objstore.Store with --ckpt-remote
+    remote: Any = None  # ckpt.objstore.Store with --ckpt-remote
 
 
 def open_remote(opts: TrainOptions, cfg: C.Config, world: Any, log: Log) -> Any:
@@ -271,10 +271,10 @@ def open_remote(opts: TrainOptions, cfg: C.Config, world: Any, log: Log) -> Any:
     checkpoint.remote_wait_min for a store that cannot be reached: then exit 8)."""
     if not cfg.checkpoint.remote:
         return None
-    from ..core.objstore import RemoteURL, Store, launch_check
-    from . import run_owner
-    from .mirror import mlflow_store
-    from .remote_resume import PULL_WAIT_S, pull_when_reachable, pulled_marker, wait_for_pull
+    from ..ckpt import run_owner
+    from ..ckpt.mirror import mlflow_store
+    from ..ckpt.objstore import RemoteURL, Store, launch_check
+    from ..ckpt.remote_resume import PULL_WAIT_S, pull_when_reachable, pulled_marker, wait_for_pull
 
     store = Store(RemoteURL.parse(cfg.checkpoint.remote, "checkpoint.remote (--ckpt-remote)"))
     if world.local_rank != 0:  # one process a node checks and pulls; the others wait for it (below)
@@ -296,7 +296,7 @@ MIRROR_END_WAIT_S = 300.0  # a run that ends without a stop request waits this l
 
 
 def _start_mirror(opts: TrainOptions, cfg: C.Config, store: Any, log: Log, setup: BudgetSetup | None) -> Any:
-    from .mirror import Mirror, mlflow_store
+    from ..ckpt.mirror import Mirror, mlflow_store
 
     alerter = setup.alerter if setup is not None else alerts.from_env()
     send = (lambda subject, body: alerter.send_within(subject, body)) if alerter.channels() else None
@@ -360,7 +360,7 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
     distributed.init(world, device.type)
     mirror = _start_mirror(opts, cfg, where.remote, log, setup) if where.remote is not None and world.main else None
     try:
-        from .mirror import mlflow_store
+        from ..ckpt.mirror import mlflow_store
 
         ctx = Context(
             cfg,

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..ckpt import checkpoint as ck
 from ..core import config as C
 from ..core.errors import X1Error
-from ..training import checkpoint as ck
 
 if TYPE_CHECKING:
     import torch

@@ -103,9 +103,9 @@ def check_val_loss(m: dict[str, Any] | None, band: tuple[float, float]) -> Check
 
 
 def check_weights(run_dir: Path, m: dict[str, Any] | None) -> Check:
+    from ..ckpt.checkpoint import MODEL_FILE
     from ..core import safetensors_io
     from ..core.fileio import sha256_file
-    from ..training.checkpoint import MODEL_FILE
 
     name = "final.safetensors reloads byte-identically"
     path = run_dir / "final.safetensors"

@@ -22,6 +22,7 @@ from ..budget.guard import format_time, parse_time
 from ..budget.ledger import LEDGER_FILE
 from ..budget.ledger import read as read_ledger
 from ..budget.source import read_source
+from ..ckpt import checkpoint as ck
 from ..core import names as N
 from ..core import redact
 from ..core.config import ModelConfig, upgrade
@@ -29,7 +30,6 @@ from ..core.errors import X1Error
 from ..core.fileio import sha256_file
 from ..evals.sets import SETS
 from ..model import flops
-from ..training import checkpoint as ck
 from .runs import MetricPoint, RunRecord
 
 FORMAT = "x1-run-manifest/1"

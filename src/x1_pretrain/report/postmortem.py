@@ -16,7 +16,7 @@ from ..core import redact
 from ..core.config import SpikeConfig
 from ..core.errors import X1Error
 from ..core.fileio import write_text_atomic
-from ..training.spike import SpikeDetector
+from ..trainer.spike import SpikeDetector
 from . import runs
 
 BEFORE = 20  # steps before the spike whose logged losses make its baseline trend

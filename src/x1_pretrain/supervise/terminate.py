@@ -5,7 +5,7 @@ a day.
 
 Terminating destroys the instance's own disk, and with it an export written there. So the bundle goes to the
 remote (``--bundle-remote``, by default ``<--ckpt-remote>/bundle``) and the final checkpoint beside it
-(``<bundle remote>/checkpoint``), each through ``core.remote_dir.push`` (a manifest of every file's size and
+(``<bundle remote>/checkpoint``), each through ``ckpt.remote_dir.push`` (a manifest of every file's size and
 sha256, last), and both are read back and checked (the manifest, then a head of every object: size and sha256)
 BEFORE the terminate call. Without a remote the instance is never terminated: the export would be destroyed.
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core import remote_dir
+from ..budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, ApiSource, PollError, SelectionError
+from ..ckpt import remote_dir
+from ..ckpt.objstore import RemoteURL, Store, StoreError
 from ..core.errors import EXIT_BUDGET_NOW, X1Error
-from ..core.objstore import RemoteURL, Store, StoreError
-from .providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, ApiSource, PollError, SelectionError
 
 CHECKPOINT_SUBDIR = "checkpoint"  # <bundle remote>/checkpoint: the final checkpoint's files
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,15 @@ from ..budget import ledger
 from ..budget.guard import Decision
 from ..budget.outside import OutsideGuard
 from ..budget.source import read_source
-from ..budget.terminate import EndOfBill, end_the_bill
+from ..ckpt.checkpoint import (
+    EXIT_STATUS,
+    EXIT_STATUS_ENV,
+    find_latest_complete,
+    read_exit_status,
+    read_latest,
+    read_progress,
+    write_exit_status,
+)
 from ..core import redact
 from ..core.console import LOG_FILE_ENV
 from ..core.errors import (
@@ -35,16 +44,8 @@ from ..core.errors import (
     X1Error,
 )
 from ..core.fileio import dir_bytes, free_bytes, says_disk_full
-from .checkpoint import (
-    EXIT_STATUS,
-    EXIT_STATUS_ENV,
-    find_latest_complete,
-    read_exit_status,
-    read_latest,
-    read_progress,
-    write_exit_status,
-)
 from .signals import WATCHDOG_PID_ENV
+from .terminate import EndOfBill, end_the_bill
 
 RELAUNCH = {e.code for e in EXIT_CODES if e.relaunched}
 FOR_GOOD = {EXIT_OK, EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW}  # after these, --terminate-on-exit ends the bill
@@ -134,6 +135,9 @@ class WatchdogOptions:
     end_of_bill: EndOfBill | None = None
     alerter: Any = None
     mlflow_uri: str | None = None  # the trainer's store (to end a crash-looped run at its last checkpoint)
+    # ends a crash-looped run at its last checkpoint (final files, MLflow run FINISHED): the trainer's
+    # launch.session.end_at_last_checkpoint, handed in by the command, since the watchdog never imports the trainer
+    end_run: Callable[..., bool] | None = None
     disk_poll_s: float = 30.0  # a full checkpoint disk: seconds between two looks at its free space
     disk_margin_mb: float = 256.0  # free space a relaunch needs beyond the size of the newest checkpoint
 
@@ -404,14 +408,15 @@ class Watchdog:
     def _end_at_last_checkpoint(self, code: int) -> None:
         """Before terminating after a crash loop or the restart limit: the run ends at its newest complete
         checkpoint (final files, the MLflow run FINISHED with the reason), so export_run can save it."""
-        from .session import end_at_last_checkpoint
-
+        if self.opts.end_run is None:
+            self.log("the run is not ended at its last checkpoint: this watchdog was given no way to end it")
+            return
         why = (
             f"the watchdog gave up ({self.ending.replace('_', ' ') if self.ending else 'ended'}): the run ends at "
             "its last complete checkpoint"
         )
         try:
-            end_at_last_checkpoint(
+            self.opts.end_run(
                 self.ckpt_dir, self.opts.mlflow_uri, why, self.log, flag_of(self.cmd, "--experiment"), code
             )
         except Exception as e:  # the export that follows will fail and say so; never lose the alert

@@ -29,11 +29,11 @@ from ..budget.ledger import Ledger
 from ..budget.money import EvalCost, steps_that_fit
 from ..budget.monitor import BudgetMonitor, Effects, stop_message
 from ..budget.watcher import BudgetWatcher
+from ..ckpt import checkpoint as ck
 from ..core import names as N
 from ..core import redact
 from ..core.config import BudgetConfig, OptimConfig
 from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW
-from . import checkpoint as ck
 from .loop import Callback, Outcome, Verdict
 from .schedule import Horizon, fitted_end, planned, retarget
 
@@ -88,7 +88,7 @@ class BudgetControl(Callback):
         evals: Callable[[], EvalCost] | None = None,
     ) -> None:
         self.setup, self.ckpt_dir, self.log = setup, ckpt_dir, log
-        self.evals = evals  # the task evaluation's cost so far (training/task_eval.py), when one is configured
+        self.evals = evals  # the task evaluation's cost so far (trainer/task_eval.py), when one is configured
         self.fit, self.metrics = fit, metrics
         self.horizon: Horizon | None = None  # the loop's, as of the last step
         self.proposed_end: int = 0

@@ -1,4 +1,4 @@
-"""The loop's callbacks (see :class:`~x1_pretrain.training.loop.Callback` for the phases): one concern each.
+"""The loop's callbacks (see :class:`~x1_pretrain.trainer.loop.Callback` for the phases): one concern each.
 
 ``loop_callbacks()`` are the lab's own: the first step's timing, the eval cadence and its log line, the
 throughput floor, the checkpoint cadence and the clean-stop timing. The builder adds the watchdog's progress
@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..ckpt.checkpoint import PROGRESS, write_progress
 from ..core import names as N
 from ..core.errors import EXIT_INTERRUPTED, EXIT_SLOW, EXIT_USAGE
-from .checkpoint import PROGRESS, write_progress
 from .loop import Callback, LoopState, Outcome, Run, StepReport, Verdict, evaluate_and_tell, save_and_tell
 
 

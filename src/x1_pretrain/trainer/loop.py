@@ -1,6 +1,6 @@
 """The training loop, as the lab tells it: batch → forward → backward → clip → step → log, until the end;
 then a last eval and the final checkpoint. Everything else is a :class:`Callback` told of the loop's phases
-(``training/callbacks.py``: the eval and checkpoint cadences, the first-step timing, the throughput floor;
+(``trainer/callbacks.py``: the eval and checkpoint cadences, the first-step timing, the throughput floor;
 the progress file, the spike watch and the budget guard come from the builder).
 
 Everything with a side effect (clock, signals, files, MLflow, the budget file) is built by ``build.py`` and
