@@ -365,3 +365,33 @@ def test_the_watchdog_never_loads_torch_nor_anything_that_does():
     assert heavy == {}, f"the watchdog's imports reach {heavy}: import these inside the function that needs them"
     # the check can fail: the trainer's closure does reach torch
     assert any("torch" in ext for ext in import_closure("train").values())
+
+
+def test_no_package_over_3000_lines_and_no_module_over_600():
+    sizes = {p: len(p.read_text().splitlines()) for p in FILES}
+    big = {_module_name(p): n for p, n in sizes.items() if n > 600}
+    assert not big, f"modules over 600 lines (split them by concern): {big}"
+    per_package = collections.Counter()
+    for p, n in sizes.items():
+        per_package[_module_name(p).split(".")[0]] += n
+    heavy = {k: n for k, n in per_package.items() if k in SUBPACKAGES and n > 3000}
+    assert not heavy, f"packages over 3,000 lines: {heavy}"
+
+
+def test_the_watchdog_trainer_contract_is_spelled_in_one_module():
+    """The environment variables and file names the watchdog and the trainer share are constants of
+    core/contract.py: no other module writes them as a string, so neither side can drift from the other."""
+    from x1_pretrain.core import contract
+
+    shared = {
+        v for k, v in vars(contract).items() if isinstance(v, str) and (k.endswith("_ENV") or v.endswith(".json"))
+    }
+    assert {"X1_WATCHDOG_PID", "X1_EXIT_STATUS", "progress.json", "exit_status.json"} <= shared
+    spelled = sorted(
+        f"{_module_name(p)}: {node.value}"
+        for p in FILES
+        if p != PKG / "core" / "contract.py"
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Constant) and node.value in shared
+    )
+    assert not spelled, f"use the constants of core/contract.py: {spelled}"

@@ -106,7 +106,7 @@ def test_budget_stops_leave_with_exit_0(task):
 def test_a_store_down_through_every_wait_is_recovered_on_a_new_vm(task):
     """Exit 8 (the checkpoint store could not be reached at start): the watchdog retried it on this VM; the run
     script passes it on and SkyPilot starts a new VM for it, like every relaunched code but a crash (1)."""
-    from x1_pretrain.core.errors import EXIT_CODES, EXIT_STORE_UNAVAILABLE, EXIT_UNEXPECTED
+    from x1_pretrain.core.contract import EXIT_CODES, EXIT_STORE_UNAVAILABLE, EXIT_UNEXPECTED
 
     recovered = set(task["resources"]["job_recovery"]["recover_on_exit_codes"])
     assert {e.code for e in EXIT_CODES if e.relaunched} - {EXIT_UNEXPECTED} == recovered

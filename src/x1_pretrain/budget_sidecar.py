@@ -44,7 +44,8 @@ from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, PROVIDERS, ApiS
 from .budget.sidecar import BudgetAsk, FixedLines, Sidecar, load_state
 from .core.cli import guarded, old_spelling
 from .core.console import guarded_console
-from .core.errors import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE, X1Error
+from .core.contract import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE
+from .core.errors import X1Error
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from .core.errors import EXIT_USAGE, X1Error
+from .core.contract import EXIT_USAGE
+from .core.errors import X1Error
 from .report.dod import EXIT_FAILED, load_manifest, notes, run_checks, table
 
 

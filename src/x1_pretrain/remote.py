@@ -30,7 +30,8 @@ from pathlib import Path
 from .ckpt.objstore import CREDENTIALS_FIX, RemoteURL, Store, StoreError
 from .ckpt.remote_dir import RUN_ID_ENV, PullFailed, check_owner, pull, push, run_id_for, verify
 from .core.cli import guarded
-from .core.errors import EXIT_UNEXPECTED, X1Error
+from .core.contract import EXIT_UNEXPECTED
+from .core.errors import X1Error
 
 
 def build_parser() -> argparse.ArgumentParser:

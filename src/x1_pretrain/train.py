@@ -1,6 +1,6 @@
 """Pretrain the model: ``python -m x1_pretrain.train --config configs/x1-50m-a100.yaml --data-dir ...``
 
-Exit codes: ``core.errors.EXIT_CODES``, printed by ``--help`` with every flag. A closed terminal stops the run
+Exit codes: ``core.contract.EXIT_CODES``, printed by ``--help`` with every flag. A closed terminal stops the run
 like SIGTERM (checkpoint, exit 75); output that can no longer reach it is dropped.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import sys
 
-from .ckpt.checkpoint import record_exit_status
 from .core.console import guarded_console
+from .core.contract import record_exit_status
 from .launch.options import build_parser, options_from
 from .launch.session import main_guarded
 

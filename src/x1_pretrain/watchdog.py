@@ -40,10 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from .budget import alerts
+from .core import contract
 from .core.console import guarded_console
-from .core.errors import EXIT_USAGE, X1Error, exit_code_help
+from .core.contract import EXIT_USAGE, exit_code_help
+from .core.errors import X1Error
 from .core.names import default_mlflow_uri
 from .launch.options import budget_of_command
+from .supervise import options as O
 from .supervise import terminate
 from .supervise import watchdog as W
 
@@ -74,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run in the background in its own session, output appended to --log-file; prints the pid "
         "and how to follow and stop the run, so closing the terminal does nothing at all",
     )
-    W.add_disk_flags(ap)
+    O.add_disk_flags(ap)
     b = ap.add_argument_group("budget, second line")
     b.add_argument(
         "--budget-cap-usd",
@@ -95,18 +98,18 @@ def end_run(*args: Any) -> bool:
     return end_at_last_checkpoint(*args)
 
 
-def options(args: argparse.Namespace, cmd: list[str]) -> W.WatchdogOptions:
+def options(args: argparse.Namespace, cmd: list[str]) -> O.WatchdogOptions:
     train_cap, train_source = budget_of_command(cmd)
     cap = (
         args.budget_cap_usd
         if args.budget_cap_usd is not None
-        else (train_cap if train_cap is not None else W.flag_of(cmd, "--budget-cap-usd"))
+        else (train_cap if train_cap is not None else contract.flag_of(cmd, "--budget-cap-usd"))
     )  # another trainer: its flags
-    source = args.budget_curr_cost_uri or train_source or W.flag_of(cmd, "--budget-curr-cost-uri")
+    source = args.budget_curr_cost_uri or train_source or contract.flag_of(cmd, "--budget-curr-cost-uri")
     line = None
     if cap is not None and source:
         try:
-            line = W.BudgetLine(
+            line = O.BudgetLine(
                 curr_cost_uri=source,
                 cap_usd=float(cap),
                 poll_s=args.budget_poll_s,
@@ -117,9 +120,11 @@ def options(args: argparse.Namespace, cmd: list[str]) -> W.WatchdogOptions:
         if line.poll_s <= 0 or line.kill_grace_s < 0:
             raise X1Error("--budget-poll-s must be positive and --budget-kill-grace-s >= 0")
     end = terminate.from_flags(
-        args, W.flag_of(cmd, "--ckpt-remote"), W.flag_of(cmd, "--mlflow-uri") or default_mlflow_uri(W.ckpt_dir_of(cmd))
+        args,
+        contract.flag_of(cmd, "--ckpt-remote"),
+        contract.flag_of(cmd, "--mlflow-uri") or default_mlflow_uri(contract.ckpt_dir_of(cmd)),
     )
-    return W.WatchdogOptions(
+    return O.WatchdogOptions(
         max_restarts=args.max_restarts,
         backoff_s=args.backoff_s,
         max_backoff_s=args.max_backoff_s,
@@ -128,9 +133,9 @@ def options(args: argparse.Namespace, cmd: list[str]) -> W.WatchdogOptions:
         budget_line=line,
         end_of_bill=end,
         alerter=alerts.from_env(),
-        mlflow_uri=W.flag_of(cmd, "--mlflow-uri"),
+        mlflow_uri=contract.flag_of(cmd, "--mlflow-uri"),
         end_run=end_run,
-        **W.disk_options(args),
+        **O.disk_options(args),
     )
 
 
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         print("error: no train command after --", file=sys.stderr)
         return EXIT_USAGE
-    args.events_file, args.log_file = W.old_log_file(args.events_file, args.log_file)  # deprecated spelling
+    args.events_file, args.log_file = O.old_log_file(args.events_file, args.log_file)  # deprecated spelling
     try:
         if args.detach and args.log_file is None:
             raise X1Error("--detach needs --log-file FILE: the run's output goes there")
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     if args.detach:
-        return W.launch_detached(argv, args.log_file)
+        return O.launch_detached(argv, args.log_file)
     with guarded_console(args.log_file):
         try:
             return wd.run()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from x1_pretrain import train
 from x1_pretrain.ckpt import checkpoint as ck
+from x1_pretrain.core import contract
 
 from ..conftest import FAST, TINY
 from ..procs import SMALL_BATCH, train_cmd
@@ -30,7 +31,7 @@ class SpendingSidecar:
     def run(self) -> None:
         last = -1
         while not self.stop.is_set():
-            step = max(ck.read_progress(self.ckpt).get("step", 0) if ck.read_progress(self.ckpt) else 0, 0)
+            step = max(contract.read_progress(self.ckpt).get("step", 0) if contract.read_progress(self.ckpt) else 0, 0)
             if step != last:
                 write_budget(self.budget, self.spend(step), self.projected(step))
                 last = step
@@ -133,7 +134,7 @@ def test_spend_over_the_cap_exits_4_without_a_checkpoint(demo_data, tmp_path, we
         sidecar.close()
     assert r.returncode == 4, r.stdout[-2000:] + r.stderr[-2000:]
     assert ck.list_step_dirs(ckpt) == [] and ck.read_latest(ckpt) is None
-    assert ck.read_exit_status(ckpt)["exit_code"] == 4
+    assert contract.read_exit_status(ckpt)["exit_code"] == 4
     stop = [p["text"] for p in webhook.posts if "budget stop (exit 4)" in p["text"]]
     assert len(stop) == 1 and "TERMINATE the instance" in stop[0] and "Reason: budget: spent $36" in stop[0]
 

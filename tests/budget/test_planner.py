@@ -7,7 +7,8 @@ import pytest
 from x1_pretrain import plan as plan_cli
 from x1_pretrain.budget import planner as plan
 from x1_pretrain.core import config as C
-from x1_pretrain.core.errors import EXIT_USAGE, X1Error
+from x1_pretrain.core.contract import EXIT_USAGE
+from x1_pretrain.core.errors import X1Error
 from x1_pretrain.model import flops
 
 from ..conftest import REPO

@@ -17,6 +17,7 @@ from x1_pretrain.ckpt import checkpoint as ck
 from x1_pretrain.ckpt import run_owner
 from x1_pretrain.ckpt.mirror import STAGING, Mirror
 from x1_pretrain.ckpt.objstore import RemoteURL, Store
+from x1_pretrain.core import contract
 
 from ..conftest import REPO
 from ..procs import children
@@ -129,7 +130,7 @@ def test_a_store_that_is_down_warns_once_alerts_once_and_catches_up(s3, s3env, t
     try:
         mirror.checkpoint(_step(tmp_path / "c", 1, mb=0.1))
         mirror.checkpoint(_step(tmp_path / "c", 2, mb=0.1))  # while down: replaces step 1 if not started
-        mirror.file(ck.EXIT_STATUS)
+        mirror.file(contract.EXIT_STATUS)
         assert wait_until(lambda: not mirror.pending() and mirror.failing == 0, timeout=60)
     finally:
         mirror.close()

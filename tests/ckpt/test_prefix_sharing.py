@@ -19,7 +19,9 @@ from x1_pretrain.ckpt import checkpoint as ck
 from x1_pretrain.ckpt import remote_resume, run_owner
 from x1_pretrain.ckpt.mirror import Mirror
 from x1_pretrain.ckpt.objstore import RemoteURL, Store
-from x1_pretrain.core.errors import EXIT_USAGE, X1Error
+from x1_pretrain.core import contract
+from x1_pretrain.core.contract import EXIT_USAGE
+from x1_pretrain.core.errors import X1Error
 from x1_pretrain.supervise import terminate
 from x1_pretrain.trainer.callbacks import MirrorRefused
 
@@ -85,7 +87,7 @@ def test_an_offline_fresh_mirror_never_claims_ownerless_checkpoints_but_a_resume
     assert run_owner.offline(fresh, resume=False)  # the launch could not reach the store
     mirror = Mirror(store, fresh, keep_last=1, log=print).start()
     mirror.checkpoint(_step(fresh, 1, mb=0.05))
-    mirror.file(ck.EXIT_STATUS)
+    mirror.file(contract.EXIT_STATUS)
     assert mirror.drain(30)
     mirror.close()
     assert _objects(store) == before  # no owner claimed, latest and step 4 untouched

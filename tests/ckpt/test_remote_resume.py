@@ -21,7 +21,9 @@ from x1_pretrain.ckpt import remote_resume as RR
 from x1_pretrain.ckpt.mirror import Mirror
 from x1_pretrain.ckpt.objstore import RemoteURL, Store
 from x1_pretrain.ckpt.remote_resume import RemoteUnavailable, pull
-from x1_pretrain.core.errors import EXIT_STORE_UNAVAILABLE, X1Error
+from x1_pretrain.core import contract
+from x1_pretrain.core.contract import EXIT_STORE_UNAVAILABLE
+from x1_pretrain.core.errors import X1Error
 
 from ..procs import losses, progress_step, start, train_cmd, train_here, wait_for
 from ..s3server import Proxy, free_port
@@ -258,7 +260,7 @@ def test_a_store_that_never_comes_back_within_the_wait_is_exit_8(demo_data, tmp_
     assert "remote: waiting for s3://x1-runs/down" in out.out and "(checkpoint.remote_wait_min 0.02)" in out.out
     assert "could not be reached for checkpoint.remote_wait_min 0.02 min" in out.err and "Exit 8" in out.err
     assert "Traceback" not in out.err and "x1-down-secret" not in out.out + out.err
-    assert not list(ckpt.glob("step_*")) and ck.read_exit_status(ckpt)["exit_code"] == 8  # for the watchdog
+    assert not list(ckpt.glob("step_*")) and contract.read_exit_status(ckpt)["exit_code"] == 8  # for the watchdog
 
 
 @pytest.mark.slow
@@ -324,7 +326,7 @@ def test_killed_mid_upload_then_resumed_from_an_empty_disk_gives_the_same_weight
     assert (b / ck.FINAL_MODEL).read_bytes() == (ref / ck.FINAL_MODEL).read_bytes()
     assert set(losses(b)) >= set(range(1, 5))  # one MLflow run: A's steps came down with its store
     assert store.get_bytes("latest") == b"step_0000004\n"
-    assert json.loads(store.get_bytes(ck.EXIT_STATUS))["exit_code"] == 0
+    assert json.loads(store.get_bytes(contract.EXIT_STATUS))["exit_code"] == 0
 
 
 def test_a_store_that_cannot_be_reached_leaves_training_at_exit_0(demo_data, tmp_path, monkeypatch, capsys):
@@ -414,7 +416,7 @@ def test_a_stop_uploads_its_checkpoint_and_the_watchdog_resumes_on_an_empty_disk
     store = Store(RemoteURL.parse(s3env))
     stopped = ck.read_latest(a)
     assert stopped is not None and store.get_bytes("latest") == f"{stopped}\n".encode()
-    assert json.loads(store.get_bytes(ck.EXIT_STATUS))["exit_code"] == 75
+    assert json.loads(store.get_bytes(contract.EXIT_STATUS))["exit_code"] == 75
     assert "is up to date" in (tmp_path / "a.log").read_text()
     b = tmp_path / "machine-b"
     cmd = [

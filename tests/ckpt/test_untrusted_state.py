@@ -20,6 +20,7 @@ from x1_pretrain.ckpt import run_owner
 from x1_pretrain.ckpt.mirror import Mirror
 from x1_pretrain.ckpt.objstore import RemoteURL, Store
 from x1_pretrain.ckpt.remote_resume import pull
+from x1_pretrain.core import contract
 from x1_pretrain.supervise import watchdog as W
 
 from .test_mirror import _step
@@ -190,9 +191,9 @@ def test_the_remote_exit_status_is_not_pulled(s3env, tmp_path):
     dst = tmp_path / "dst"
     _upload_step(store, _step(tmp_path / "src", 3, mb=0.05), dst)
     forged = {"exit_code": 0, "reason": "finished", "pid": 1, "time_unix": time.time() + 86400, "rank": 0}
-    store.put_bytes(json.dumps(forged).encode(), ck.EXIT_STATUS)
+    store.put_bytes(json.dumps(forged).encode(), contract.EXIT_STATUS)
     assert pull(store, dst, print) == "step_0000003"
-    assert not (dst / ck.EXIT_STATUS).exists()
+    assert not (dst / contract.EXIT_STATUS).exists()
 
 
 def _status(path: Path, code: int, when: float) -> None:
@@ -208,13 +209,13 @@ def test_the_watchdog_judges_a_start_only_by_a_record_of_that_start(tmp_path):
     wd = W.Watchdog(["python", "-m", "x1_pretrain.train", "--ckpt-dir", str(ckpt)], W.WatchdogOptions())
     started = time.time() - 5
     assert wd._trainer_code(1, started) == 1  # nothing recorded
-    _status(ckpt / ck.EXIT_STATUS, 0, time.time() + 3600)  # from the future
+    _status(ckpt / contract.EXIT_STATUS, 0, time.time() + 3600)  # from the future
     assert wd._trainer_code(1, started) == 1
-    _status(ckpt / ck.EXIT_STATUS, 4, started - 60)  # an earlier start's
+    _status(ckpt / contract.EXIT_STATUS, 4, started - 60)  # an earlier start's
     assert wd._trainer_code(1, started) == 1
     _status(wd.status_file, 4, time.time() + 3600)
     assert wd._trainer_code(1, started) == 1 and wd._recorded_since(started) is None
-    _status(ckpt / ck.EXIT_STATUS, 5, time.time() - 1)  # this start's, in the checkpoint dir
+    _status(ckpt / contract.EXIT_STATUS, 5, time.time() - 1)  # this start's, in the checkpoint dir
     assert wd._trainer_code(1, started) == 5
     _status(wd.status_file, 3, time.time() - 1)  # this start's, in the watchdog's own file
     assert wd._trainer_code(1, started) == 3 and wd._recorded_since(started)["exit_code"] == 3

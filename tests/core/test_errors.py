@@ -1,10 +1,10 @@
-"""The exit-code table exists once (core/errors.py); the README, `train --help` and the watchdog follow it."""
+"""The exit-code table exists once (core/contract.py); the README, `train --help` and the watchdog follow it."""
 
 from __future__ import annotations
 
 import re
 
-from x1_pretrain.core.errors import EXIT_CODES
+from x1_pretrain.core.contract import EXIT_CODES
 from x1_pretrain.launch.options import build_parser
 from x1_pretrain.supervise import watchdog as W
 

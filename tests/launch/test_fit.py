@@ -11,6 +11,7 @@ import pytest
 
 from x1_pretrain import train
 from x1_pretrain.ckpt import checkpoint as ck
+from x1_pretrain.core import contract
 from x1_pretrain.core.safetensors_io import load as load_st
 from x1_pretrain.demo.billing import StepBilling
 
@@ -74,7 +75,7 @@ def test_the_cap_arrives_early_and_the_run_anneals_and_finishes_through_a_preemp
 
         def decaying() -> bool:
             m = re.findall(r"decay starts at step (\d+)", (tmp_path / "a.log").read_text())
-            return bool(m) and int((ck.read_progress(ckpt) or {}).get("step") or 0) > int(m[-1]) + 1
+            return bool(m) and int((contract.read_progress(ckpt) or {}).get("step") or 0) > int(m[-1]) + 1
 
         wait_for(decaying, proc=proc, timeout=300)
         proc.send_signal(signal.SIGTERM)
@@ -128,7 +129,7 @@ def _as_killed_after(ckpt: Path, step_dir: Path) -> None:
             shutil.rmtree(path)
     for leftover in ckpt.glob(".step_*.tmp-*"):
         shutil.rmtree(leftover, ignore_errors=True)
-    for name in (ck.FINAL_MODEL, ck.FINAL_OPTIM, ck.EXIT_STATUS):
+    for name in (ck.FINAL_MODEL, ck.FINAL_OPTIM, contract.EXIT_STATUS):
         (ckpt / name).unlink(missing_ok=True)
     (ckpt / ck.LATEST).write_text(step_dir.name + "\n")
 

@@ -11,7 +11,7 @@ import pytest
 
 from x1_pretrain import train
 from x1_pretrain.core.config import load as load_config
-from x1_pretrain.core.errors import EXIT_DIVERGED, EXIT_SLOW, EXIT_USAGE
+from x1_pretrain.core.contract import EXIT_DIVERGED, EXIT_SLOW, EXIT_USAGE
 from x1_pretrain.model.flops import flops_per_token
 
 from ..conftest import FAST, REPO, TINY

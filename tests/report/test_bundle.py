@@ -13,7 +13,8 @@ import pytest
 from x1_pretrain import export_run
 from x1_pretrain.ckpt import checkpoint as ck
 from x1_pretrain.core import config as C
-from x1_pretrain.core.errors import EXIT_USAGE, X1Error
+from x1_pretrain.core.contract import EXIT_USAGE
+from x1_pretrain.core.errors import X1Error
 from x1_pretrain.model import flops
 from x1_pretrain.report import bundle, manifest, runs
 

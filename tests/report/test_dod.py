@@ -9,7 +9,7 @@ import pytest
 
 from x1_pretrain import dod as dod_cli
 from x1_pretrain.core import safetensors_io
-from x1_pretrain.core.errors import EXIT_USAGE
+from x1_pretrain.core.contract import EXIT_USAGE
 from x1_pretrain.report import dod
 
 from ..run_bundle import SPENT_AT_EXPORT, BuiltRun, build

@@ -13,6 +13,7 @@ import sys
 import time
 
 from x1_pretrain.ckpt import checkpoint as ck
+from x1_pretrain.core import contract
 from x1_pretrain.supervise.watchdog import should_relaunch
 
 from ..conftest import REPO
@@ -68,7 +69,7 @@ def test_a_checkpoint_that_fails_is_reported_at_once_and_training_goes_on_and_a_
     assert leftovers(ckpt) == [] and not (ckpt / "step_0000005").exists()
     assert "checkpoint step_0000010 (periodic):" in text  # the next one, on schedule
     stop = ck.read_latest(ckpt)
-    assert int(stop.split("_")[1]) >= 12 and ck.read_exit_status(ckpt)["exit_code"] == 75
+    assert int(stop.split("_")[1]) >= 12 and contract.read_exit_status(ckpt)["exit_code"] == 75
     assert ck.verify(ckpt / stop)[1] is None
     _, runs = run_info(ckpt)
     tags = runs[0].data.tags
@@ -141,7 +142,7 @@ def test_a_final_checkpoint_that_cannot_be_written_exits_7_and_keeps_the_last_go
     assert "Exit 7: the watchdog relaunches from the last complete checkpoint (step_0000003)" in out
     assert ck.read_latest(ckpt) == "step_0000003" and leftovers(ckpt) == []
     assert not (ckpt / ck.FINAL_MODEL).exists()
-    assert ck.read_exit_status(ckpt)["exit_code"] == 7 and should_relaunch(7)
+    assert contract.read_exit_status(ckpt)["exit_code"] == 7 and should_relaunch(7)
     _, runs = run_info(ckpt)
     assert runs[0].data.tags["exit_code"] == "7" and runs[0].data.tags["checkpoint_failures"] == "2"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from x1_pretrain.ckpt import checkpoint as ck
+from x1_pretrain.core import contract
 from x1_pretrain.core.fileio import free_bytes
 
 from ..procs import SMALL_BATCH, children, start, train_cmd, wait_for
@@ -140,9 +141,11 @@ def fill_after_first_checkpoint(proc, ckpt: Path, disk: Path) -> tuple[Path, str
     (``proc`` or the one under it) is stopped (SIGSTOP) while the disk fills, so however short its steps, the fill
     is complete before its next checkpoint."""
     wait_for(
-        lambda: ck.read_latest(ckpt) is not None and (ck.read_progress(ckpt) or {}).get("pid"), proc=proc, timeout=120
+        lambda: ck.read_latest(ckpt) is not None and (contract.read_progress(ckpt) or {}).get("pid"),
+        proc=proc,
+        timeout=120,
     )
-    trainer = ck.read_progress(ckpt)["pid"]
+    trainer = contract.read_progress(ckpt)["pid"]
     os.kill(trainer, signal.SIGSTOP)
     try:
         filler = fill(disk)

@@ -11,7 +11,8 @@ import threading
 
 import pytest
 
-from x1_pretrain.supervise.signals import WATCHDOG_PID_ENV, StopDeadline, install_signal_handlers, watch_parent
+from x1_pretrain.core.contract import WATCHDOG_PID_ENV
+from x1_pretrain.supervise.signals import StopDeadline, install_signal_handlers, watch_parent
 from x1_pretrain.trainer.loop import StopFlag
 
 

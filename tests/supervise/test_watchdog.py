@@ -12,6 +12,7 @@ import pytest
 
 from x1_pretrain import watchdog as W_cli
 from x1_pretrain.ckpt import checkpoint as ck
+from x1_pretrain.core import contract
 from x1_pretrain.supervise import watchdog as W
 
 from ..conftest import REPO
@@ -94,8 +95,8 @@ def test_gives_up_after_max_restarts(tmp_path):
 def test_backoff_doubles_on_consecutive_crashes():
     wd = W.Watchdog(["x"], W.WatchdogOptions(max_restarts=5, backoff_s=1.0, max_backoff_s=60.0))
     assert wd.opts.backoff_s == 1.0 and W.should_relaunch(-15) and W.should_relaunch(137) and not W.should_relaunch(130)
-    assert W.with_resume(["a", "--resume-from-latest"]) == ["a", "--resume-from-latest"]
-    assert W.ckpt_dir_of(["t", "--ckpt-dir=/x"]).as_posix() == "/x"
+    assert contract.with_resume(["a", "--resume-from-latest"]) == ["a", "--resume-from-latest"]
+    assert contract.ckpt_dir_of(["t", "--ckpt-dir=/x"]).as_posix() == "/x"
 
 
 def test_the_watchdog_starts_without_torch():
@@ -209,7 +210,7 @@ def test_a_closed_terminal_stops_the_run_with_its_checkpoint_and_leaves_no_orpha
         if term.proc.poll() is None:
             term.proc.kill()
     assert wait_until(lambda: _gone(trainer), timeout=30), "the trainer outlived the closed terminal"
-    status = ck.read_exit_status(ckpt)
+    status = contract.read_exit_status(ckpt)
     assert status["exit_code"] == 75, status
     assert status_step(ckpt) >= 3  # --ckpt-every 1000: the only checkpoint is the stop's
     logged = [json.loads(line) for line in events.read_text().splitlines()]
@@ -247,7 +248,7 @@ def test_a_detached_run_does_not_notice_its_terminal_closing(demo_data, tmp_path
     assert f"tail -f {log}" in said and f"kill -TERM {pid}" in said
     term.close()
     assert wait_until(lambda: _gone(pid), timeout=240), "the detached watchdog did not finish"
-    assert ck.read_exit_status(ckpt)["exit_code"] == 0 and (ckpt / ck.FINAL_MODEL).is_file()
+    assert contract.read_exit_status(ckpt)["exit_code"] == 0 and (ckpt / ck.FINAL_MODEL).is_file()
     text = log.read_text()
     assert "step       4/4" in text and "[watchdog] trainer exited with 0 (finished)" in text
 
@@ -267,7 +268,7 @@ def test_the_trainer_does_not_outlive_its_watchdog(demo_data, tmp_path):
     proc.kill()
     proc.wait()
     assert wait_until(lambda: _gone(trainer), timeout=60), "the trainer kept running without its watchdog"
-    status = ck.read_exit_status(ckpt)
+    status = contract.read_exit_status(ckpt)
     assert status["exit_code"] == 75 and (ckpt / "latest").exists()
 
 
@@ -489,7 +490,7 @@ def test_a_stopped_trainer_cannot_spend_past_the_cap(demo_data, tmp_path):
     out = (tmp_path / "out.log").read_text()
     assert "ending the trainer's process group" in out and "relaunching with" not in out
     assert any("budget stop (exit 4)" in (b or {}).get("text", "") for b in hook.bodies("/hook"))
-    assert ck.read_exit_status(ckpt)["exit_code"] == 4
+    assert contract.read_exit_status(ckpt)["exit_code"] == 4
 
 
 def _budget(path, spent: float) -> None:
@@ -566,7 +567,7 @@ def test_a_node_without_rank_0_is_not_taken_for_a_crash_loop(tmp_path):
         textwrap.dedent(f"""
         import os, sys
         os.environ["RANK"] = "1"
-        from x1_pretrain.ckpt.checkpoint import write_exit_status
+        from x1_pretrain.core.contract import write_exit_status
         state = {str(tmp_path / "calls.jsonl")!r}
         n = sum(1 for _ in open(state)) if os.path.exists(state) else 0
         with open(state, "a") as f:
@@ -583,7 +584,7 @@ def test_a_node_without_rank_0_is_not_taken_for_a_crash_loop(tmp_path):
 STATUS_PROBE = textwrap.dedent("""
     import json, os, stat, sys
     from pathlib import Path
-    from x1_pretrain.ckpt.checkpoint import EXIT_STATUS_ENV, write_exit_status
+    from x1_pretrain.core.contract import EXIT_STATUS_ENV, write_exit_status
     write_exit_status(None, 3, "probe: a budget stop")   # what rank 0 records for its watchdog
     path = Path(os.environ[EXIT_STATUS_ENV])
     Path(sys.argv[-1]).joinpath("probe.json").write_text(json.dumps(

@@ -15,9 +15,9 @@ import pytest
 from x1_pretrain.budget.guard import Action, Limits
 from x1_pretrain.budget.ledger import LEDGER_FILE
 from x1_pretrain.budget.money import Lines
-from x1_pretrain.ckpt import checkpoint as ck
+from x1_pretrain.core import contract
 from x1_pretrain.core.config import BudgetConfig
-from x1_pretrain.core.errors import EXIT_BUDGET_NOW
+from x1_pretrain.core.contract import EXIT_BUDGET_NOW
 from x1_pretrain.trainer.budget_control import BudgetControl, BudgetSetup, stop_message
 
 from ..conftest import REPO
@@ -68,7 +68,7 @@ def test_projected_over_the_cap_without_a_step_boundary_exits_4_and_says_so(tmp_
     assert decision.action == Action.CHECKPOINT_AND_EXIT
     control.on_verdict(decision)  # the loop never reaches a step boundary ...
     assert exited.wait(5) and codes == [EXIT_BUDGET_NOW]
-    status = ck.read_exit_status(tmp_path)
+    status = contract.read_exit_status(tmp_path)
     assert status["exit_code"] == 4 and "no step boundary came within 0.3 s" in status["reason"]
     subject, body = alerts.sent[-1]
     assert "exit 4" in subject and "No checkpoint was written" in body and "TERMINATE" in body
@@ -230,7 +230,7 @@ def test_spend_over_the_cap_during_a_cold_compile_exits_4_within_seconds(demo_da
     # bound is loose (a loaded compat lane is slower still): the exit mid-compile is what the next line proves.
     assert took < 60.0, f"{took:.1f} s from the crossing to the exit"
     assert not (ckpt / "progress.json").exists(), "the first step never finished: the exit came mid-compile"
-    assert "spent $36" in text and ck.read_exit_status(ckpt)["exit_code"] == 4
+    assert "spent $36" in text and contract.read_exit_status(ckpt)["exit_code"] == 4
 
 
 def test_unknown_spend_is_counted_across_restarts(demo_data, tmp_path, capsys):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from x1_pretrain.core.errors import EXIT_INTERRUPTED, EXIT_SLOW
+from x1_pretrain.core.contract import EXIT_INTERRUPTED, EXIT_SLOW
 from x1_pretrain.trainer.callbacks import ProgressFile, ThroughputFloor
 from x1_pretrain.trainer.loop import Callback, LoopState, train_loop
 

@@ -128,7 +128,7 @@ def test_the_attention_tag_names_the_kernel_sdpa_dispatches_to():
     """The tag is SDPA's own choice for the model's shapes: restricted to the math kernel, it says math."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from x1_pretrain.launch.build import attention_effective
+    from x1_pretrain.launch.run_record import attention_effective
     from x1_pretrain.model.transformer import SDPA_BACKENDS, Transformer, sdpa_backend
 
     cfg = lab_like()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from x1_pretrain.core.errors import EXIT_INTERRUPTED, EXIT_OK
+from x1_pretrain.core.contract import EXIT_INTERRUPTED, EXIT_OK
 from x1_pretrain.data.tokenizer import load_gpt2
 from x1_pretrain.evals import tasks
 from x1_pretrain.trainer import task_eval

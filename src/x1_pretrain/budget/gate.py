@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from ..core import redact
-from ..core.errors import EXIT_BUDGET_CHECKPOINT
+from ..core.contract import EXIT_BUDGET_CHECKPOINT
 from .guard import Decision, Limits, Memory, Progress, Reading, Snapshot, decide
 from .money import Money, steps_that_fit
 from .source import read_source

@@ -14,7 +14,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..core.errors import EXIT_OK, X1Error
+from ..core.contract import EXIT_OK
+from ..core.errors import X1Error
 from ..core.fileio import write_text_atomic
 from .providers import ApiSource, BillingReading, ClockSource, NodesSource, PollError, SelectionError
 

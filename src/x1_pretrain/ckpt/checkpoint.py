@@ -20,8 +20,6 @@ import os
 import random
 import re
 import shutil
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,12 +45,11 @@ MODEL_FILE, OPTIM_FILE, OPTIM_META, STATE_FILE, DONE_FILE, PIN_FILE = (
     "PIN",
 )
 LEGACY_OPTIM = "optimizer.pt"  # x1 before the safetensors optimizer: read only on torch >= 2.6
-LATEST, FINAL_MODEL, FINAL_OPTIM, FINAL_OPTIM_META, PROGRESS = (
+LATEST, FINAL_MODEL, FINAL_OPTIM, FINAL_OPTIM_META = (
     "latest",
     "final.safetensors",
     "final-optimizer.safetensors",
     "final-optimizer.json",
-    "progress.json",
 )
 FINAL_OPTIM_PT = "final-optimizer.pt"  # the lab's shutdown list names it: written here, never read by x1
 OPTIM_FORMAT = "x1-optimizer/1"
@@ -497,68 +494,6 @@ def load_model_state(model: torch.nn.Module, weights: dict[str, torch.Tensor], w
             f"{where}: weights do not fit this model (missing {missing[:5]}, unexpected "
             f"{unexpected[:5]}); was the config changed?"
         )
-
-
-def write_progress(ckpt_dir: Path, info: dict[str, Any]) -> None:
-    """A small status file the watchdog reads (pid, step, timings); replaced atomically."""
-    write_text_atomic(ckpt_dir / PROGRESS, json.dumps(info, sort_keys=True))
-
-
-EXIT_STATUS = "exit_status.json"
-
-
-EXIT_STATUS_ENV = "X1_EXIT_STATUS"  # a file the watchdog owns and reads after each child
-
-
-def write_exit_status(ckpt_dir: Path | None, code: int, reason: str) -> None:
-    """Rank 0's exit code, for the watchdog: torchrun reports any failing worker as 1, which would hide a
-    budget stop (3, 4), a divergence (5) or a usage error (2) behind a relaunchable code. Written into an
-    existing checkpoint dir (a typo in the flags must not create directories; None: another node's first
-    process, which writes only for its own watchdog) and to ``$X1_EXIT_STATUS``."""
-    blob = json.dumps(
-        {
-            "exit_code": code,
-            "reason": reason,
-            "pid": os.getpid(),
-            "time_unix": time.time(),
-            "rank": int(os.environ.get("RANK", "0") or 0),
-        }
-    )
-    failed: OSError | None = None
-    if ckpt_dir is not None and ckpt_dir.is_dir():
-        try:
-            write_text_atomic(ckpt_dir / EXIT_STATUS, blob)
-        except OSError as e:  # a full disk: the watchdog's own file (maybe on another disk) is still tried
-            failed = e
-    if os.environ.get(EXIT_STATUS_ENV):  # the watchdog's own file in the run's dir: for its owner only
-        write_text_atomic(Path(os.environ[EXIT_STATUS_ENV]), blob, mode=0o600)
-    if failed is not None:
-        raise failed
-
-
-def record_exit_status(ckpt_dir: Path | None, code: int, reason: str) -> None:
-    """``write_exit_status`` for exit paths: a failure to record is a warning, never a second error."""
-    try:
-        write_exit_status(ckpt_dir, code, reason)
-    except OSError as e:
-        print(f"warning: could not record the exit status in {ckpt_dir} ({e})", file=sys.stderr, flush=True)
-
-
-def read_exit_status(path: Path) -> dict[str, Any] | None:
-    """The status in ``path`` (a file, or a checkpoint dir holding exit_status.json)."""
-    try:
-        data = json.loads((path / EXIT_STATUS if path.is_dir() else path).read_text())
-        return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def read_progress(ckpt_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((ckpt_dir / PROGRESS).read_text())
-        return data if isinstance(data, dict) else None
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def guard_snapshot(state: dict[str, Any]) -> dict[str, Any] | None:

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ..budget.ledger import LEDGER_FILE, merge, parse_text, read, spent
-from ..core.errors import EXIT_INTERRUPTED, EXIT_STORE_UNAVAILABLE, EXIT_UNEXPECTED, X1Error
+from ..core.contract import EXIT_INTERRUPTED, EXIT_STORE_UNAVAILABLE, EXIT_UNEXPECTED
+from ..core.errors import X1Error
 from ..core.fileio import fsync_dir, inside, replace_dir, write_text_atomic
 from . import checkpoint as ck
 from . import run_owner

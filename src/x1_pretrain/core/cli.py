@@ -7,7 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .errors import EXIT_UNEXPECTED, X1Error
+from .contract import EXIT_UNEXPECTED
+from .errors import X1Error
 
 
 def guarded(body: Callable[[], int], os_errors: bool = False) -> int:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-LOG_FILE_ENV = "X1_LOG_FILE"  # set by the watchdog for its trainer: where output goes once the terminal is gone
+from .contract import LOG_FILE_ENV
 
 
 class _Resilient:

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..ckpt.checkpoint import read_progress
+from ..core.contract import read_progress
 from .billing import StepBilling
 
 PY = sys.executable

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..ckpt.checkpoint import read_progress
+from ..core.contract import read_progress
 
 
 class StepBilling:

@@ -4,7 +4,6 @@ function, so ``session.py`` can read as: gate → build → loop → exit code."
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from collections.abc import Callable
@@ -19,13 +18,13 @@ from ..budget.ledger import LEDGER_FILE
 from ..ckpt import checkpoint as ck
 from ..ckpt.checkpointer import CheckpointCalls, Checkpointer
 from ..core import config as C
+from ..core import contract, redact
 from ..core import names as N
-from ..core import redact
 from ..core.env import machine, versions
 from ..core.errors import X1Error
 from ..data.tokens import Prefetcher, Sampler, TokenData, gather, open_token_data, val_starts
 from ..model import flops
-from ..model.transformer import Transformer, sdpa_backend, state_dict_for_saving
+from ..model.transformer import Transformer, state_dict_for_saving
 from ..trainer.budget_control import BudgetControl, FitContext
 from ..trainer.callbacks import MirrorRefused, ProgressFile, loop_callbacks
 from ..trainer.device import (
@@ -52,9 +51,10 @@ from ..trainer.spike import (
     rare_token_distribution,
     unigram_counts,
 )
-from ..trainer.tracking import MlflowTracker, NullTracker, resolve_uri, run_tags
+from ..trainer.tracking import resolve_uri
 from .options import TrainOptions, eval_cost
 from .resume import RankStart, Resume, agree_on_checkpoint, find_resume, restore
+from .run_record import kernel_tags, open_tracker, restarts, run_tags_device, tag_final
 
 Log = Callable[[str], None]
 
@@ -153,91 +153,6 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
                 model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
             )
     return model, forward, optimizer, state
-
-
-def attention_effective(model: Transformer, precision: str) -> str:
-    """``flash-attn``, or ``sdpa:<the backend SDPA dispatches to>`` (flash, efficient, cudnn, math)."""
-    import torch
-
-    if model.kernels.use_flash:
-        return "flash-attn"
-    device = next(model.parameters()).device
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32  # the autocast dtype of the forward
-    return f"sdpa:{sdpa_backend(model.config, dtype, device)}"
-
-
-def kernel_tags(model: Transformer, precision: str = "fp32") -> dict[str, str]:
-    """What the forward actually runs, for MLflow and the manifest (a switch can be overridden by the device)."""
-    k, m = model.kernels, model.config
-    return {
-        N.TAG_ATTENTION_EFFECTIVE: attention_effective(model, precision),
-        N.TAG_KERNELS: f"fused_loss={k.fused_loss} (chunk {k.loss_chunk_tokens}), vocab rows "
-        f"{model.lm_head.weight.shape[0]} for {m.vocab_size}, fused_projections={m.fused_projections}, "
-        f"residual={'bf16' if k.residual_dtype is not None else 'fp32'}, "
-        f"deterministic={k.deterministic}",
-    }
-
-
-def run_tags_device(device: Any) -> str:
-    from ..core.env import device_name
-
-    return device_name(device)
-
-
-def _tracker(ctx: Context, uri: str, artifact_location: str | None, resume: Resume, data: TokenData) -> Any:
-    cfg, opts, log = ctx.cfg, ctx.opts, ctx.log
-    if not ctx.world.main:
-        return NullTracker()
-    run_name = opts.run_name or f"{Path(opts.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    tracker = MlflowTracker(
-        uri, artifact_location, run_name, run_id=resume.state.get("mlflow_run_id"), experiment=opts.experiment
-    )
-    if resume.found is not None and resume.state.get("mlflow_uri") not in (None, redact.url(uri)):
-        log(
-            f"warning: the checkpoint's MLflow store was {resume.state.get('mlflow_uri')}; logging to "
-            f"{redact.url(uri)} now"
-        )
-    if resume.found is None:
-        tracker.log_params(
-            {
-                **C.flatten(cfg.to_dict()),
-                "config_sha256": cfg.sha256(),
-                "seed": cfg.train.seed,
-                "world_size": ctx.world.size,
-                "data_dir": str(data.directory),
-                "tokens_per_step": cfg.tokens_per_step(),
-                **{f"version.{k}": v for k, v in versions().items()},
-            }
-        )
-        cfg_file = ctx.ckpt_dir / f".resolved-config-{os.getpid()}.yaml"
-        cfg_file.write_text(f"# sha256 {cfg.sha256()}\n" + C.to_yaml(cfg))
-        tracker.log_artifact(cfg_file, "config")
-        cfg_file.unlink(missing_ok=True)
-    tags: dict[str, Any] = {
-        **run_tags(run_tags_device(ctx.device)),
-        N.TAG_CONFIG_FILE: str(opts.config),
-        N.TAG_RESTARTS: restarts(),
-    }
-    if ctx.guard is not None:
-        tags.update(ctx.guard.tags())
-    if resume.changes:
-        tags[N.TAG_CONFIG_CHANGED_ON_RESUME] = "; ".join(resume.changes)[:4000]
-    tracker.set_tags(tags)
-    if resume.found is not None:
-        tracker.log_metrics(resume.found.step, {N.RUN_RESTARTS: float(restarts())})
-        again = tracker.redeliver(ctx.ckpt_dir, resume.found.step)
-        if again:
-            log(f"MLflow: {again:,} metrics an earlier process could not deliver are being sent again")
-    log(
-        f"MLflow: {redact.url(uri)} run {tracker.run_id or '(pending: server unreachable)'}"
-        + (" (continued)" if resume.found is not None else "")
-    )
-    return tracker
-
-
-def restarts() -> int:
-    """How many times the watchdog has relaunched this run (it sets X1_RESTART_COUNT)."""
-    return int(os.environ.get("X1_RESTART_COUNT", "0") or 0)
 
 
 def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> SpikeWatch:
@@ -383,7 +298,7 @@ def _checkpointer(
                 ctx.mirror.checkpoint(path)
             except OSError as e:  # the mirror must never fail a checkpoint that is on disk
                 ctx.log(f"warning: {path.name} could not be staged for the mirror ({e}); the next one will be")
-            for name in (LEDGER_FILE, ck.EXIT_STATUS):
+            for name in (LEDGER_FILE, contract.EXIT_STATUS):
                 ctx.mirror.file(name)
             if ctx.mlflow_store is not None:
                 ctx.mirror.mlflow(ctx.mlflow_store)
@@ -408,17 +323,6 @@ def _checkpointer(
     if resume.found is not None:
         checkpointer.last_saved_step = resume.found.step
     return checkpointer
-
-
-def tag_final(tracker: Any, ckpt_dir: Path, step_dir: Path, hashes: dict[str, str]) -> None:
-    """Record in MLflow which files are the run's final weights (export_run and dod check them)."""
-    tracker.set_tags(
-        {
-            N.TAG_FINAL_CHECKPOINT: str(step_dir.resolve()),
-            N.TAG_FINAL_SAFETENSORS: str((ckpt_dir / ck.FINAL_MODEL).resolve()),
-            N.TAG_FINAL_SAFETENSORS_SHA256: hashes[ck.FINAL_MODEL],
-        }
-    )
 
 
 def _fit_context(ctx: Context, resume: Resume) -> FitContext | None:
@@ -545,7 +449,7 @@ def build_run(ctx: Context) -> Built:
         f"{data.val.size:,} val tokens ({sum(len(x) for x, _ in val_batches)} fixed eval windows); "
         f"{cfg.train.total_steps} steps = {sampler.epoch_of(cfg.train.total_steps):.2f} epochs"
     )
-    tracker = _tracker(ctx, uri, artifact_location, resume, data)
+    tracker = open_tracker(ctx, uri, artifact_location, resume, data)
     kernels = kernel_tags(model, cfg.train.precision)
     log(
         f"attention runs on {kernels[N.TAG_ATTENTION_EFFECTIVE]}"

@@ -16,7 +16,7 @@ from typing import Any
 from ..core import config as C
 from ..core import redact
 from ..core.cli import old_spelling
-from ..core.errors import exit_code_help
+from ..core.contract import exit_code_help
 from ..core.names import EXPERIMENT
 
 DESCRIPTION = """Pretrain the model: python -m x1_pretrain.train --config configs/x1-50m-a100.yaml --data-dir ...

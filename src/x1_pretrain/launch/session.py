@@ -1,6 +1,6 @@
 """One trainer process from options to exit code: config → device → launch gate → signals → build → loop.
 
-Exit codes: the table ``core.errors.EXIT_CODES`` (``train --help`` prints it).
+Exit codes: the table ``core.contract.EXIT_CODES`` (``train --help`` prints it).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from ..budget.money import Lines
 from ..budget.source import read_source
 from ..ckpt import checkpoint as ck
 from ..core import config as C
+from ..core import contract
 from ..core import names as N
 from ..core.config import BudgetConfig
-from ..core.errors import (
+from ..core.contract import (
     EXIT_ABORTED,
     EXIT_BUDGET_CHECKPOINT,
     EXIT_BUDGET_NOW,
@@ -34,10 +35,8 @@ from ..core.errors import (
     EXIT_OK,
     EXIT_UNEXPECTED,
     EXIT_USAGE,
-    CheckpointFailed,
-    RankLost,
-    X1Error,
 )
+from ..core.errors import CheckpointFailed, RankLost, X1Error
 from ..core.fileio import disk_full
 from ..core.names import EXPERIMENT
 from ..model import flops
@@ -47,8 +46,9 @@ from ..trainer import distributed
 from ..trainer.budget_control import BudgetSetup, stop_message
 from ..trainer.device import resolve_device
 from ..trainer.loop import Diverged, StopFlag, train_loop
-from .build import Built, Context, build_run, start_batches, tag_final
+from .build import Built, Context, build_run, start_batches
 from .options import TrainOptions, eval_cost, warn_visible_secrets
+from .run_record import tag_final
 
 Log = Callable[[str], None]
 
@@ -249,7 +249,7 @@ def _node_status(world: Any, code: int, reason: str) -> None:
     """Another node's first process records rank 0's code for its node's watchdog now, before any rank leaves:
     torchrun ends a node's other workers once one has exited, and a code recorded late could be lost."""
     if world.size > 1 and world.local_rank == 0 and not world.main:
-        ck.record_exit_status(None, code, reason)
+        contract.record_exit_status(None, code, reason)
 
 
 @dataclass(frozen=True)
@@ -317,8 +317,8 @@ def _end_mirror(ctx: Context, code: int) -> int:
     Returns the exit code: a run that finished before its mirror found the prefix another run's is exit 2 (so
     nothing after it, an export or --terminate-on-exit, takes it for a run whose prefix it owns)."""
     mirror = ctx.mirror
-    ck.record_exit_status(ctx.ckpt_dir, code, "see the log")
-    for name in (ledger.LEDGER_FILE, ck.EXIT_STATUS):
+    contract.record_exit_status(ctx.ckpt_dir, code, "see the log")
+    for name in (ledger.LEDGER_FILE, contract.EXIT_STATUS):
         mirror.file(name)
     if ctx.mlflow_store is not None:
         mirror.mlflow(ctx.mlflow_store)
@@ -332,7 +332,7 @@ def _end_mirror(ctx: Context, code: int) -> int:
             if code != EXIT_OK:
                 return code
             print(f"error: {mirror.refusal}", file=sys.stderr, flush=True)
-            ck.record_exit_status(ctx.ckpt_dir, EXIT_USAGE, str(mirror.refusal)[:2000])
+            contract.record_exit_status(ctx.ckpt_dir, EXIT_USAGE, str(mirror.refusal)[:2000])
             return EXIT_USAGE
         ctx.log(
             f"mirror: {mirror.store.url} is up to date (latest {mirror.remote_latest or 'unchanged'}; "
@@ -385,7 +385,7 @@ def _train_locked(opts: TrainOptions, cfg: C.Config, where: _Where, log: Log, se
             import torch
 
             if world.main:
-                ck.write_exit_status(opts.ckpt_dir, code, "see the log")
+                contract.write_exit_status(opts.ckpt_dir, code, "see the log")
             code = int(distributed.from_rank(code, world))  # every node's watchdog acts on the run's outcome
             _node_status(world, code, "rank 0's exit code")
             torch.distributed.barrier()
@@ -427,7 +427,7 @@ class _OutOfGrace:
         )
         print(f"[x1] {reason}: exit {code}", flush=True)
         if self.main:
-            ck.record_exit_status(self.opts.ckpt_dir, code, reason)
+            contract.record_exit_status(self.opts.ckpt_dir, code, reason)
         sys.stdout.flush()
         sys.stderr.flush()
         self._exit(code)

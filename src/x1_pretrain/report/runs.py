@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core import redact
-from ..core.errors import EXIT_UNEXPECTED, X1Error
+from ..core.contract import EXIT_UNEXPECTED
+from ..core.errors import X1Error
 from ..core.names import EXPERIMENT
 
 

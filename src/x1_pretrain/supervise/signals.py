@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..core.contract import WATCHDOG_PID_ENV
 from ..core.fileio import pid_alive
 
 
@@ -53,9 +54,6 @@ def _acknowledge(name: str) -> None:
     more = "; a second Ctrl-C aborts without a checkpoint (exit 130)" if name == "SIGINT" else ""
     with contextlib.suppress(OSError):  # a closed terminal (SIGHUP) or a gone reader
         os.write(1, f"[x1] {name} heard: finishing the current step, then a checkpoint{more}\n".encode())
-
-
-WATCHDOG_PID_ENV = "X1_WATCHDOG_PID"  # set by the watchdog for the trainer it starts
 
 
 def watch_parent(stop: Any, every_s: float = 2.0) -> threading.Event | None:

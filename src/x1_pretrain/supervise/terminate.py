@@ -29,7 +29,8 @@ from typing import Any
 from ..budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, ApiSource, PollError, SelectionError
 from ..ckpt import remote_dir
 from ..ckpt.objstore import RemoteURL, Store, StoreError
-from ..core.errors import EXIT_BUDGET_NOW, X1Error
+from ..core.contract import EXIT_BUDGET_NOW
+from ..core.errors import X1Error
 
 CHECKPOINT_SUBDIR = "checkpoint"  # <bundle remote>/checkpoint: the final checkpoint's files
 

@@ -12,8 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,170 +20,49 @@ from ..budget import ledger
 from ..budget.guard import Decision
 from ..budget.outside import OutsideGuard
 from ..budget.source import read_source
-from ..ckpt.checkpoint import (
-    EXIT_STATUS,
-    EXIT_STATUS_ENV,
-    find_latest_complete,
-    read_exit_status,
-    read_latest,
-    read_progress,
-    write_exit_status,
-)
+from ..ckpt.checkpoint import find_latest_complete, read_latest
 from ..core import redact
-from ..core.console import LOG_FILE_ENV
-from ..core.errors import (
+from ..core.contract import (
     EXIT_BUDGET_CHECKPOINT,
     EXIT_BUDGET_NOW,
     EXIT_CHECKPOINT_FAILED,
-    EXIT_CODES,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_STATUS,
+    EXIT_STATUS_ENV,
     EXIT_STORE_UNAVAILABLE,
-    MEANINGS,
-    X1Error,
+    LOG_FILE_ENV,
+    RESTART_COUNT_ENV,
+    WATCHDOG_PID_ENV,
+    ckpt_dir_of,
+    flag_of,
+    read_exit_status,
+    read_progress,
+    with_resume,
+    write_exit_status,
 )
 from ..core.fileio import dir_bytes, free_bytes, says_disk_full
-from .signals import WATCHDOG_PID_ENV
-from .terminate import EndOfBill, end_the_bill
+from .options import WatchdogOptions
+from .policy import (
+    CRASH_LOOP,
+    FOR_GOOD,
+    GAVE_UP,
+    NOT_CRASHES,
+    STOPPED,
+    ExitPoint,
+    Restart,
+    describe_exit,
+    of_this_start,
+    should_relaunch,
+)
+from .terminate import end_the_bill
 
-RELAUNCH = {e.code for e in EXIT_CODES if e.relaunched}
-FOR_GOOD = {EXIT_OK, EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW}  # after these, --terminate-on-exit ends the bill
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# Starts that did not train at all are never a crash loop (that rule is for starts that trained and made no
-# progress): a stop after a checkpoint, and a checkpoint store that could not be reached at start.
-NOT_CRASHES = frozenset({EXIT_INTERRUPTED, EXIT_STORE_UNAVAILABLE})
-
-
 DISK_REMINDER_S = 600.0  # while the watchdog waits for space on a full disk, a log line this often
 
 
 def free_mb(free: int | None) -> str:
     return "?" if free is None else f"{free / 1e6:,.0f}"
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return MEANINGS.get(code, f"exit {code}")
-
-
-def should_relaunch(code: int) -> bool:
-    """Relaunch after 75, 8, 7, 1 or death by a signal (negative returncode, or 128+N from a shell)."""
-    return code in RELAUNCH or code < 0 or (128 < code < 160 and code != 130)
-
-
-def with_resume(cmd: list[str]) -> list[str]:
-    return cmd if "--resume-from-latest" in cmd else [*cmd, "--resume-from-latest"]
-
-
-def flag_of(cmd: list[str], flag: str) -> str | None:
-    """The value of ``--flag V`` or ``--flag=V`` in a command line."""
-    for i, a in enumerate(cmd):
-        if a == flag and i + 1 < len(cmd):
-            return cmd[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def ckpt_dir_of(cmd: list[str]) -> Path:
-    return Path(flag_of(cmd, "--ckpt-dir") or "checkpoints")
-
-
-@dataclass(frozen=True, kw_only=True)
-class BudgetLine:
-    """The watchdog's own budget check (the second line): where the spend is read and the cap."""
-
-    curr_cost_uri: str  # --budget-curr-cost-uri
-    cap_usd: float
-    poll_s: float = 60.0
-    kill_grace_s: float = 10.0
-
-
-def add_disk_flags(ap: Any) -> None:
-    """The watchdog's flags for a full checkpoint disk (``Watchdog._wait_for_space``)."""
-    d = ap.add_argument_group("a full checkpoint disk (after exit 7)")
-    d.add_argument(
-        "--disk-poll-s",
-        type=float,
-        default=30.0,
-        help="seconds between two looks at the free space while the checkpoint disk is too full for a checkpoint (30)",
-    )
-    d.add_argument(
-        "--disk-margin-mb",
-        type=float,
-        default=256.0,
-        help="free space a relaunch needs beyond the newest checkpoint's size, MB (256)",
-    )
-
-
-def disk_options(args: Any) -> dict[str, float]:
-    if args.disk_poll_s <= 0 or args.disk_margin_mb < 0:
-        raise X1Error("--disk-poll-s must be positive and --disk-margin-mb >= 0")
-    return {"disk_poll_s": args.disk_poll_s, "disk_margin_mb": args.disk_margin_mb}
-
-
-@dataclass(frozen=True, kw_only=True)
-class WatchdogOptions:
-    max_restarts: int = 20
-    backoff_s: float = 5.0
-    max_backoff_s: float = 60.0
-    events_file: Path | None = None  # one JSON line per event
-    log_file: Path | None = None  # the text log: where output goes when no terminal takes it
-    budget_line: BudgetLine | None = None
-    end_of_bill: EndOfBill | None = None
-    alerter: Any = None
-    mlflow_uri: str | None = None  # the trainer's store (to end a crash-looped run at its last checkpoint)
-    # ends a crash-looped run at its last checkpoint (final files, MLflow run FINISHED): the trainer's
-    # launch.session.end_at_last_checkpoint, handed in by the command, since the watchdog never imports the trainer
-    end_run: Callable[..., bool] | None = None
-    disk_poll_s: float = 30.0  # a full checkpoint disk: seconds between two looks at its free space
-    disk_margin_mb: float = 256.0  # free space a relaunch needs beyond the size of the newest checkpoint
-
-
-@dataclass
-class Restart:
-    number: int
-    exit_code: int
-    reason: str
-    last_step: int | None
-    checkpoint_step: int | None
-    steps_lost: int | None
-    backoff_s: float
-    downtime_s: float | None = None
-    relaunch_latency_s: float | None = None
-
-
-@dataclass(frozen=True)
-class _Exit:
-    """How one start ended: its code, the step it reached (None: it logged no step) and the newest complete
-    checkpoint then. Two consecutive starts with the same step and checkpoint are a crash loop."""
-
-    code: int
-    step: int | None
-    checkpoint_step: int | None
-    elsewhere: bool = False  # trained on a node without rank 0: its progress is on another machine
-
-    def same_place(self, other: _Exit) -> bool:
-        """Two starts ended where they began. Not knowable for a node whose trainers ran but whose progress lives
-        on rank 0's machine: that node's crash loops are rank 0's node's to see (its watchdog then ends, and
-        this node's next rendezvous cannot form)."""
-        if self.elsewhere or other.elsewhere:
-            return False
-        return (self.step, self.checkpoint_step) == (other.step, other.checkpoint_step)
-
-
-# How a supervision ended, when the trainer's own exit code does not say it all.
-CRASH_LOOP, GAVE_UP, STOPPED = "crash_loop", "gave_up", "stopped"
-
-
-def _of_this_start(status: dict[str, Any] | None, started_at: float) -> bool:
-    """Whether an exit record tells of the start being judged: written after it began and not later than now. An
-    older one is an earlier start's; one from the future was not written here (a copy from another machine)."""
-    when = status.get("time_unix") if status is not None else None
-    if not isinstance(when, (int, float)) or isinstance(when, bool):
-        return False
-    return started_at - 1 <= when <= time.time() + 1
 
 
 class Watchdog:
@@ -267,7 +145,7 @@ class Watchdog:
                 self._made_dirs += missing
         env = {
             **os.environ,
-            "X1_RESTART_COUNT": str(restart_no),
+            RESTART_COUNT_ENV: str(restart_no),
             EXIT_STATUS_ENV: str(self.status_file),
             WATCHDOG_PID_ENV: str(os.getpid()),
         }
@@ -298,7 +176,7 @@ class Watchdog:
             (
                 s
                 for s in (read_exit_status(self.status_file), read_exit_status(self.ckpt_dir))
-                if _of_this_start(s, started_at)
+                if of_this_start(s, started_at)
             ),
             None,
         )
@@ -313,7 +191,7 @@ class Watchdog:
     def _recorded_since(self, started_at: float) -> dict[str, Any] | None:
         """The exit status a trainer of this start recorded in the file this watchdog owns, or None."""
         status = read_exit_status(self.status_file)
-        return status if _of_this_start(status, started_at) else None
+        return status if of_this_start(status, started_at) else None
 
     def _no_rendezvous(self, code: int, recorded: dict[str, Any] | None) -> None:
         """Say it when a multi-node torchrun ended before any trainer of this node recorded an exit: its
@@ -647,7 +525,7 @@ class Watchdog:
             return code if code >= 0 else 128 - code
         return None
 
-    def _exit_now(self, code: int, started_at: float, recorded: dict[str, Any] | None) -> _Exit:
+    def _exit_now(self, code: int, started_at: float, recorded: dict[str, Any] | None) -> ExitPoint:
         """Where the start that began at ``started_at`` ended: its own progress (a progress file written by an
         earlier start says nothing about this one) and the newest complete checkpoint."""
         progress = read_progress(self.ckpt_dir) or {}
@@ -656,9 +534,9 @@ class Watchdog:
         step = progress.get("step") if isinstance(progress.get("step"), int) else None
         mine = float(progress.get("started_unix") or progress.get("time_unix") or 0) >= started_at - 1
         elsewhere = not mine and recorded is not None and bool(recorded.get("rank"))
-        return _Exit(code, step if mine else None, ckpt_step, elsewhere)
+        return ExitPoint(code, step if mine else None, ckpt_step, elsewhere)
 
-    def _record_restart(self, code: int, now: _Exit, failures: int) -> Restart:
+    def _record_restart(self, code: int, now: ExitPoint, failures: int) -> Restart:
         backoff = min(self.opts.backoff_s * (2 ** max(failures - 1, 0)), self.opts.max_backoff_s)
         # progress.json is written every log step, so the stop's own checkpoint can be newer than it
         lost = (
@@ -677,46 +555,3 @@ class Watchdog:
             f"in {backoff:.1f} s (restart {pending.number}/{self.opts.max_restarts})"
         )
         return pending
-
-
-def launch_detached(argv: list[str], log_file: Path) -> int:
-    """Start this same watchdog (without --detach) in the background, in its own session, stdin from /dev/null,
-    output appended to ``log_file``; print its pid and how to follow and stop it."""
-    cut = argv.index("--")
-    rest = [a for a in argv[:cut] if a != "--detach"] + argv[cut:]
-    log_file = log_file.resolve()
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "x1_pretrain.watchdog", *rest],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        code = proc.wait(timeout=1.0)  # a watchdog that fails at once is reported here, not lost in the log
-    except subprocess.TimeoutExpired:
-        code = None
-    if code is not None:
-        print(f"error: the detached watchdog exited at once with {code}; see {log_file}", file=sys.stderr)
-        return code or 1
-    print(
-        f"[watchdog] running in the background as pid {proc.pid}, in its own session: closing this terminal does "
-        f"not touch it\n  follow: tail -f {log_file}\n  stop:   kill -TERM {proc.pid}   (the trainer checkpoints "
-        "and exits 75; the watchdog does not relaunch)"
-    )
-    return 0
-
-
-def old_log_file(events_file: Path | None, log_file: Path | None) -> tuple[Path | None, Path | None]:
-    """(events file, log file): before --events-file existed, --log-file held the JSON events, and a FILE.jsonl
-    still does, for one release, with a notice."""
-    if log_file is not None and log_file.suffix == ".jsonl" and events_file is None:
-        print(
-            f"[watchdog] deprecated: --log-file {log_file} (JSON lines) is now --events-file; --log-file is "
-            "the text log",
-            file=sys.stderr,
-        )
-        return log_file, None
-    return events_file, log_file

@@ -29,11 +29,10 @@ from ..budget.ledger import Ledger
 from ..budget.money import EvalCost, steps_that_fit
 from ..budget.monitor import BudgetMonitor, Effects, stop_message
 from ..budget.watcher import BudgetWatcher
-from ..ckpt import checkpoint as ck
+from ..core import contract, redact
 from ..core import names as N
-from ..core import redact
 from ..core.config import BudgetConfig, OptimConfig
-from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW
+from ..core.contract import EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW
 from .loop import Callback, Outcome, Verdict
 from .schedule import Horizon, fitted_end, planned, retarget
 
@@ -203,7 +202,7 @@ class BudgetControl(Callback):
         """End the process at once: no checkpoint, no MLflow flush; the alert and exit status first."""
         print(f"[x1] {reason}: exiting {code} now", flush=True)
         self.alert_stop(code, reason, spent, None)
-        ck.record_exit_status(self.ckpt_dir, code, reason)
+        contract.record_exit_status(self.ckpt_dir, code, reason)
         sys.stdout.flush()
         sys.stderr.flush()
         self._exit(code)

@@ -12,9 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..ckpt.checkpoint import PROGRESS, write_progress
 from ..core import names as N
-from ..core.errors import EXIT_INTERRUPTED, EXIT_SLOW, EXIT_USAGE
+from ..core.contract import EXIT_INTERRUPTED, EXIT_SLOW, EXIT_USAGE, PROGRESS, Progress, write_progress
 from .loop import Callback, LoopState, Outcome, Run, StepReport, Verdict, evaluate_and_tell, save_and_tell
 
 
@@ -164,16 +163,16 @@ class ProgressFile(Callback):
         try:
             write_progress(
                 self.dir,
-                {
-                    "pid": os.getpid(),
-                    "step": state.step,
-                    "time_unix": time.time(),
-                    "started_unix": self.started,
-                    "first_step_started_unix": self.first_step_started,
-                    "first_step_s": self.first_step_s,
-                    "last_checkpoint_step": self.ckpt.last_saved_step,
-                    "total_steps": run.cfg.train.total_steps,
-                },
+                Progress(
+                    pid=os.getpid(),
+                    step=state.step,
+                    time_unix=time.time(),
+                    started_unix=self.started,
+                    first_step_started_unix=self.first_step_started,
+                    first_step_s=self.first_step_s,
+                    last_checkpoint_step=self.ckpt.last_saved_step,
+                    total_steps=run.cfg.train.total_steps,
+                ),
             )
         except OSError as e:
             if not self.failing:

@@ -101,7 +101,7 @@ def effective_compile_mode(mode: str, micro_steps: int) -> tuple[str, str | None
 
 
 # The first torch on which a whole-model graph compiled under DDP with gradient accumulation was checked exact
-# (tests/training/test_distributed.py); torch 2.5.1 gets the token embedding's gradient wrong there (~1e-2).
+# (tests/trainer/test_distributed.py); torch 2.5.1 gets the token embedding's gradient wrong there (~1e-2).
 DDP_WHOLE_GRAPH_TORCH = (2, 13)
 
 

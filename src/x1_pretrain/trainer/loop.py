@@ -4,7 +4,7 @@ then a last eval and the final checkpoint. Everything else is a :class:`Callback
 the progress file, the spike watch and the budget guard come from the builder).
 
 Everything with a side effect (clock, signals, files, MLflow, the budget file) is built by ``build.py`` and
-handed in through :class:`Run`, so tests drive the loop with fakes (``tests/training/test_loop.py``).
+handed in through :class:`Run`, so tests drive the loop with fakes (``tests/trainer/test_loop.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 
 from ..core import names as N
 from ..core.config import Config
-from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK
+from ..core.contract import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK
 from ..data.tokens import Batch
 from .device import CompileFallback, CompileFellBack, eager_modules
 from .distributed import World, agree_max, mean_over_ranks

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from ..budget.money import EvalCost
 from ..core import names as N
-from ..core.errors import EXIT_BUDGET_CHECKPOINT, EXIT_OK
+from ..core.contract import EXIT_BUDGET_CHECKPOINT, EXIT_OK
 from ..evals.score import Scorer, TaskScore, score
 from ..evals.sets import SETS
 from ..evals.tasks import Item
