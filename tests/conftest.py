@@ -30,6 +30,15 @@ _tune_allocator()
 
 
 @pytest.fixture(autouse=True)
+def log_lines():
+    """x1's log lines on the console at INFO for each test, as a command sets them up (a test that runs a command
+    in this process with another --log-level changes them for itself only)."""
+    from x1_pretrain.core.log import setup
+
+    setup("info")
+
+
+@pytest.fixture(autouse=True)
 def no_hard_exit(monkeypatch):
     """A run inside the test process must not reach a hard exit (the budget's exit-now, the stop deadline):
     ``os._exit`` would kill the pytest worker and hide why. Here it is recorded instead (with the thread and

@@ -174,6 +174,7 @@ def test_every_entry_point_answers_help(tmp_path):
         "    except SystemExit as e:\n        code = e.code\n"
         "    assert code == 0, (n, code)\n"
         "    assert '--' in out.getvalue() and 'usage' in out.getvalue(), n\n"
+        "    assert '--log-level {debug,info,warning,error}' in out.getvalue(), n  # every command has it\n"
     )
     names = [f"{n}.__main__" if n in COMMAND_PACKAGES else n for n in ENTRY_POINTS]
     r = subprocess.run([sys.executable, "-c", code, *names], cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -22,16 +22,20 @@ import argparse
 import sys
 
 from .budget.alerts import from_env
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m x1_pretrain.alerts", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_log_level(p)
     sub = p.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("test", help="send a TEST alert to every configured channel")
     t.add_argument("--message", default="Alert channels work.")
     args = p.parse_args(argv)
+    setup_logging(args.log_level)
     alerter = from_env()
     if not alerter.channels():
         print(

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from .budget.serve import BudgetServer, check_token, derive_token, token_from_env
 from .core.cli import guarded
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_level(p)
     p.add_argument("--file", type=Path, help="the budget.json to serve (the sidecar's --out)")
     p.add_argument(
         "--bind",
@@ -50,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
 
     def body() -> int:
         if args.derive_token:

@@ -46,6 +46,8 @@ from .core.cli import guarded, old_spelling
 from .core.console import guarded_console
 from .core.contract import EXIT_OK, EXIT_UNEXPECTED, EXIT_USAGE
 from .core.errors import X1Error
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_level(p)
     p.add_argument("--provider", required=True, choices=PROVIDERS)
     p.add_argument(
         "--out",
@@ -159,6 +162,7 @@ def _check(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        setup_logging(args.log_level)
     except SystemExit as e:  # argparse has printed the usage error (or --help)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     stop = threading.Event()

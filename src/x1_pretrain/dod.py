@@ -23,6 +23,8 @@ from pathlib import Path
 
 from .core.contract import EXIT_USAGE
 from .core.errors import X1Error
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 from .report.dod import EXIT_FAILED, load_manifest, notes, run_checks, table
 
 
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m x1_pretrain.dod", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_log_level(p)
     p.add_argument("--run-dir", required=True, type=Path, help="the exported bundle (export_run --output)")
     p.add_argument(
         "--val-band",
@@ -51,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
     try:
         if not args.run_dir.is_dir():
             raise X1Error(

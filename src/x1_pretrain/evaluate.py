@@ -23,6 +23,8 @@ from typing import Any
 from .core.cli import guarded
 from .core.errors import X1Error
 from .core.fileio import write_text_atomic
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 from .evals.sets import SETS, cache_dir, fetch_into, task_list
 
 
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m x1_pretrain.evaluate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_log_level(p)
     p.add_argument("--checkpoint", type=Path, help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file")
     p.add_argument("--tasks", default=",".join(SETS), help=f"comma-separated, among {', '.join(SETS)} (default: all)")
     p.add_argument("--limit", type=int, help="score only the first N items of each task (file order)")
@@ -111,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
     return guarded(lambda: run(args), os_errors=True)
 
 

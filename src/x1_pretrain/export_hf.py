@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 from .core.cli import guarded
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 from .report.ckpt_source import resolve
 from .report.hf_export import export, transformers_hint
 
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_level(p)
     p.add_argument(
         "--checkpoint", required=True, type=Path, help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file"
     )
@@ -54,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
 
     def log(msg: str) -> None:
         print(f"[export_hf] {msg}", file=sys.stderr, flush=True)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from .core import redact
 from .core.cli import guarded, old_spelling
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 from .report.bundle import export, summary
 from .report.runs import EXPERIMENT
 
@@ -26,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_level(p)
     p.add_argument(
         "--mlflow-uri",
         required=True,
@@ -64,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
 
     def body() -> int:
         redact.warn_if_visible("--mlflow-uri", args.mlflow_uri, redact.MLFLOW_CREDENTIALS)

@@ -24,6 +24,8 @@ from .budget.planner import GPUS, Ask, Plan, make_plan
 from .core import config as C
 from .core.cli import guarded
 from .core.errors import X1Error
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 from .launch.options import add_budget_flags, add_eval_task_flags, budget_overrides, eval_cost, eval_task_overrides
 from .trainer.schedule import planned
 
@@ -32,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m x1_pretrain.plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_log_level(p)
     p.add_argument("--config", required=True, type=Path, help="the run's YAML config")
     p.add_argument("--gpu", help=f"one of {', '.join(GPUS)}")
     p.add_argument("--rate-usd-per-hr", required=True, type=float, help="the instance's price per hour")
@@ -76,6 +79,7 @@ OLD = {
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
 
     def body() -> int:
         if args.tokens_per_s is not None and args.budget_assumed_mfu is not None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from .core import redact
 from .core.cli import guarded
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 from .core.names import EXPERIMENT
 from .report.postmortem import NoSpike, write_postmortem
 
@@ -27,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_level(p)
     p.add_argument("--mlflow-uri", required=True, help="the store the trainer logged to")
     p.add_argument("--run-id", default=None, help="default: the latest finished run")
     p.add_argument("--experiment", default=EXPERIMENT)
@@ -36,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
 
     def body() -> int:
         redact.warn_if_visible("--mlflow-uri", args.mlflow_uri, redact.MLFLOW_CREDENTIALS)

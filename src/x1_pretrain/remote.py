@@ -32,12 +32,15 @@ from .ckpt.remote_dir import RUN_ID_ENV, PullFailed, check_owner, pull, push, ru
 from .core.cli import guarded
 from .core.contract import EXIT_UNEXPECTED
 from .core.errors import X1Error
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m x1_pretrain.remote", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_log_level(p)
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("push", help="upload a folder, its manifest last")
     up.add_argument("local", type=Path, help="the folder to upload")
@@ -97,6 +100,7 @@ RUN_HOW = f"--run-dir CKPT_DIR of that run, or {RUN_ID_ENV}=ID"
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
 
     def body() -> int:
         url = RemoteURL.parse(args.url, what=f"remote {args.cmd}")

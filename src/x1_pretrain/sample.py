@@ -17,6 +17,8 @@ from pathlib import Path
 
 from .core.cli import guarded
 from .core.errors import X1Error
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 from .model.generate import Sampling, generate, pick_device
 
 
@@ -24,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m x1_pretrain.sample", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_log_level(p)
     p.add_argument(
         "--checkpoint", required=True, type=Path, help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file"
     )
@@ -106,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
     return guarded(lambda: run(args))
 
 

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 
 from .core.cli import guarded
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 from .data.pipeline import TokenizeJob, run, summary
 
 
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_level(p)
     p.add_argument("--input-dir", required=True, help="directory searched recursively for shards")
     p.add_argument("--output-dir", required=True, help="where train.bin, val.bin and meta.json go")
     p.add_argument("--tokenizer", default="gpt2", choices=["gpt2"], help="only GPT-2 BPE (50,257 tokens)")
@@ -49,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
     job = TokenizeJob(
         Path(args.input_dir),
         Path(args.output_dir),

@@ -18,6 +18,8 @@ import argparse
 from pathlib import Path
 
 from .core.cli import guarded
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 from .data.tokenizer import fetch_into_cache, load_gpt2
 
 
@@ -27,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_level(p)
     sub = p.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="fill the cache with gpt2.tiktoken (hash-checked)")
     f.add_argument("--dest", type=Path, default=None, help="where to write it (default: the cache)")
@@ -34,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--tokenizer-file", default=None)
     s.add_argument("text", nargs="?", default="Hello world")
     args = p.parse_args(argv)
+    setup_logging(args.log_level)
 
     def body() -> int:
         if args.cmd == "fetch":

@@ -11,12 +11,15 @@ import sys
 
 from .core.console import guarded_console
 from .core.contract import record_exit_status
+from .core.log import setup as setup_logging
 from .launch.options import build_parser, options_from
 from .launch.session import main_guarded
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts = options_from(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    opts = options_from(args)
     with guarded_console():  # a closed terminal drops output (or sends it to $X1_LOG_FILE), never the run
         code, reason = main_guarded(opts)
     first_of_node = os.environ.get("LOCAL_RANK", "0") == "0"  # rank 0, or another machine's first process

@@ -44,6 +44,8 @@ from .core import contract
 from .core.console import guarded_console
 from .core.contract import EXIT_USAGE, exit_code_help
 from .core.errors import X1Error
+from .core.log import add_flag as add_log_level
+from .core.log import setup as setup_logging
 from .core.names import default_mlflow_uri
 from .launch.options import budget_of_command
 from .supervise import options as O
@@ -60,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=exit_code_help(True),
         allow_abbrev=False,
     )  # --detach is stripped by name before the relaunch
+    add_log_level(ap)
     ap.add_argument("--max-restarts", type=int, default=20, help="relaunches before giving up (default 20)")
     ap.add_argument("--backoff-s", type=float, default=5.0, help="wait before a relaunch (doubles per crash)")
     ap.add_argument("--max-backoff-s", type=float, default=60.0, help="the longest wait (default 60)")
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     cut = argv.index("--")
     args, cmd = parser.parse_args(argv[:cut]), argv[cut + 1 :]
+    setup_logging(args.log_level, info_to="stderr")
     if not cmd:
         print("error: no train command after --", file=sys.stderr)
         return EXIT_USAGE

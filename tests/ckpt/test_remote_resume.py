@@ -350,7 +350,7 @@ def test_a_store_that_cannot_be_reached_leaves_training_at_exit_0(demo_data, tmp
     )
     assert code == 0, out[-3000:]
     assert ck.read_latest(ckpt) == "step_0000002" and (ckpt / ck.FINAL_MODEL).is_file()
-    assert out.count("WARNING: the mirror to") == 1
+    assert out.count("WARNING launch.session: the mirror to") == 1
     assert "cannot be reached now" in out and "could not upload" in out
     assert "x1-unreachable-secret" not in out
 

@@ -222,8 +222,9 @@ def test_throughput_floor_exits_6_in_the_first_hour_and_warns_once_after_it(demo
     assert code == EXIT_SLOW  # the lab's floor, inside its first hour (the default window)
     assert "below --min-tokens-per-s 1,000,000,000,000: stopping to diagnose (exit 6)" in capsys.readouterr().out
     code = train.main([*base, "--ckpt-dir", str(tmp_path / "d"), *floor, "--min-tokens-per-s-window-min", "0"])
-    out = capsys.readouterr().out
-    assert code == 0 and out.count("training goes on (diagnose it") == 1  # one warning for one episode
+    err = capsys.readouterr().err  # a warning: on standard error
+    assert code == 0 and err.count("WARNING trainer.loop: ") == 1  # one warning for one episode
+    assert err.count("training goes on (diagnose it") == 1
     code = train.main(
         [
             *base,

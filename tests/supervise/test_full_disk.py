@@ -193,7 +193,7 @@ def test_a_trainer_started_on_a_full_disk_exits_7_not_1(demo_data, small_disk, t
     r = subprocess.run(cmd, capture_output=True, text=True, env=fast_close(), timeout=120)
     out = r.stdout + r.stderr
     assert r.returncode == 7, out[-3000:]
-    assert f"error: the disk of {ckpt} is full" in out and "No space left on device" in out
+    assert f"ERROR   launch.session: the disk of {ckpt} is full" in out and "No space left on device" in out
     assert "Traceback" not in out and not ck.list_step_dirs(ckpt)
 
 

@@ -250,7 +250,7 @@ def test_a_detached_run_does_not_notice_its_terminal_closing(demo_data, tmp_path
     assert wait_until(lambda: _gone(pid), timeout=240), "the detached watchdog did not finish"
     assert contract.read_exit_status(ckpt)["exit_code"] == 0 and (ckpt / ck.FINAL_MODEL).is_file()
     text = log.read_text()
-    assert "step       4/4" in text and "[watchdog] trainer exited with 0 (finished)" in text
+    assert "step       4/4" in text and "supervise.watchdog: trainer exited with 0 (finished)" in text
 
 
 def test_detach_needs_a_log_file(capsys):

@@ -18,6 +18,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..core.log import add_flag as add_log_level
+from ..core.log import setup as setup_logging
 from ..data.demo_corpus import write_demo_corpus
 from .acts import act_budget_runs_short, act_preemption_and_spike, run
 
@@ -28,11 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m x1_pretrain.demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_log_level(ap)
     ap.add_argument("--out", type=Path, default=Path("demo-run"))
     ap.add_argument("--config", type=Path, default=REPO_CONFIG)
     ap.add_argument("--total-steps", type=int, default=300)
     ap.add_argument("--acts", default="1,2", help="which acts to play (default 1,2)")
     args = ap.parse_args(argv)
+    setup_logging(args.log_level)
     out: Path = args.out.resolve()
     if out.exists():
         shutil.rmtree(out)

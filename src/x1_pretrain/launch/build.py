@@ -4,6 +4,7 @@ function, so ``session.py`` can read as: gate → build → loop → exit code."
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from ..core import contract, redact
 from ..core import names as N
 from ..core.env import machine, versions
 from ..core.errors import X1Error
+from ..core.log import as_log
 from ..data.tokens import Prefetcher, Sampler, TokenData, gather, open_token_data, val_starts
 from ..model import flops
 from ..model.transformer import Transformer, state_dict_for_saving
@@ -510,7 +512,7 @@ def build_run(ctx: Context) -> Built:
         ddp=ddp,
         peak_tflops=peak,
         tracker=tracker,
-        console=log,
+        console=as_log(logging.getLogger("x1_pretrain.trainer.loop")) if ctx.world.main else log,
         stop=ctx.stop,
         checkpointer=checkpointer,
         callbacks=callbacks,

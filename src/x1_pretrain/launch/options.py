@@ -17,6 +17,7 @@ from ..core import config as C
 from ..core import redact
 from ..core.cli import old_spelling
 from ..core.contract import exit_code_help
+from ..core.log import add_flag as add_log_level
 from ..core.names import EXPERIMENT
 
 DESCRIPTION = """Pretrain the model: python -m x1_pretrain.train --config configs/x1-50m-a100.yaml --data-dir ...
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_log_level(p)
     p.add_argument("--config", required=True, help="YAML config (configs/x1-50m-a100.yaml, configs/x1-tiny-cpu.yaml)")
     p.add_argument("--data-dir", required=True, help="tokenize_data output: train.bin, val.bin, meta.json")
     p.add_argument("--ckpt-dir", default="checkpoints", help="checkpoints (and the default MLflow store)")

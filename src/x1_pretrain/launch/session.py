@@ -6,6 +6,7 @@ Exit codes: the table ``core.contract.EXIT_CODES`` (``train --help`` prints it).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -38,6 +39,7 @@ from ..core.contract import (
 )
 from ..core.errors import CheckpointFailed, RankLost, X1Error
 from ..core.fileio import disk_full
+from ..core.log import as_log
 from ..core.names import EXPERIMENT
 from ..model import flops
 from ..supervise.lock import RunLock
@@ -50,11 +52,12 @@ from .build import Built, Context, build_run, start_batches
 from .options import TrainOptions, eval_cost, warn_visible_secrets
 from .run_record import tag_final
 
+_log = logging.getLogger(__name__)
+
 Log = Callable[[str], None]
 
 
-def console(msg: str) -> None:
-    print(f"[x1] {msg}", flush=True)
+console = as_log(_log)  # rank 0's lines
 
 
 def _quiet(msg: str) -> None:
@@ -116,7 +119,7 @@ def _launch_gate(
     problems = bg.gate_problems(reading, plan, limits, b.max_rate_usd_per_hr)
     if problems and not opts.force_launch:
         for problem in problems:
-            print(f"error: launch refused: {problem}", file=sys.stderr)
+            _log.error(f"launch refused: {problem}")
         spent = reading.snapshot.spent_usd if reading.snapshot else None
         why = "launch refused: " + "; ".join(problems)
         subject, body = stop_message(EXIT_BUDGET_CHECKPOINT, why, limits.cap_usd, spent, None)
@@ -162,10 +165,9 @@ def end_at_last_checkpoint(
         tracker.set_tags({N.TAG_END_REASON: why[:4000], N.TAG_EXIT_CODE: exit_code})
         tracker.close("FINISHED", timeout_s=20.0, spill_dir=ckpt_dir)
     except (OSError, ValueError) as e:
-        print(
-            f"warning: the final files could not be written from {found.path} ({e}); export_run --ckpt-dir "
-            f"{ckpt_dir} still finds the checkpoint",
-            file=sys.stderr,
+        _log.warning(
+            f"the final files could not be written from {found.path} ({e}); export_run --ckpt-dir "
+            f"{ckpt_dir} still finds the checkpoint"
         )
     finally:
         lock.release()
@@ -331,7 +333,7 @@ def _end_mirror(ctx: Context, code: int) -> int:
             ctx.log(f"WARNING: nothing of this run went to {mirror.store.url}: it belongs to run {mirror.refused}")
             if code != EXIT_OK:
                 return code
-            print(f"error: {mirror.refusal}", file=sys.stderr, flush=True)
+            _log.error(mirror.refusal)
             contract.record_exit_status(ctx.ckpt_dir, EXIT_USAGE, str(mirror.refusal)[:2000])
             return EXIT_USAGE
         ctx.log(
@@ -425,7 +427,7 @@ class _OutOfGrace:
             else "no checkpoint of the last steps could be written "
             "in time; the previous complete checkpoint stays the latest"
         )
-        print(f"[x1] {reason}: exit {code}", flush=True)
+        _log.warning(f"{reason}: exit {code}")
         if self.main:
             contract.record_exit_status(self.opts.ckpt_dir, code, reason)
         sys.stdout.flush()
@@ -490,11 +492,10 @@ def run_training(ctx: Context, cap_set: bool) -> int:
         return outcome.exit_code
     except Diverged as e:
         built.tracker.set_tags({N.TAG_DIVERGED_AT_STEP: e.step})
-        print(
-            f"error: {e}. No checkpoint was written from these weights. Check the data for out-of-range ids "
+        _log.error(
+            f"{e}. No checkpoint was written from these weights. Check the data for out-of-range ids "
             "and that fp32 master weights are on (train.precision bf16 keeps them); lower optim.lr if it "
-            "persists.",
-            file=sys.stderr,
+            "persists."
         )
         return EXIT_DIVERGED
     except CheckpointFailed as e:
@@ -534,7 +535,7 @@ def _checkpoint_failed(ctx: Context, built: Built, e: CheckpointFailed) -> int:
         f"{e}. Exit {EXIT_CHECKPOINT_FAILED}: the watchdog relaunches from the last complete checkpoint "
         f"({latest or 'none yet'}) once the disk of {ctx.ckpt_dir} has room"
     )
-    print(f"error: {msg}", file=sys.stderr, flush=True)
+    _log.error(msg)
     built.tracker.set_tags({N.TAG_END_REASON: msg[:4000], N.TAG_EXIT_CODE: EXIT_CHECKPOINT_FAILED})
     return EXIT_CHECKPOINT_FAILED
 
@@ -565,7 +566,7 @@ def main_guarded(opts: TrainOptions) -> tuple[int, str]:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code, str(e).splitlines()[0]
     except KeyboardInterrupt:
-        print("aborted by a second SIGINT: no checkpoint written for the current step", file=sys.stderr)
+        _log.error("aborted by a second SIGINT: no checkpoint written for the current step")
         return EXIT_ABORTED, "aborted by a second SIGINT"
     except OSError as e:
         if not disk_full(e):
@@ -574,9 +575,5 @@ def main_guarded(opts: TrainOptions) -> tuple[int, str]:
         reason = f"the disk of {opts.ckpt_dir} is full ({e}); " + (
             f"{latest} stays the latest complete checkpoint" if latest else "no checkpoint was written"
         )
-        print(
-            f"error: {reason}. Exit {EXIT_CHECKPOINT_FAILED}: the watchdog waits for free space, then relaunches",
-            file=sys.stderr,
-            flush=True,
-        )
+        _log.error(f"{reason}. Exit {EXIT_CHECKPOINT_FAILED}: the watchdog waits for free space, then relaunches")
         return EXIT_CHECKPOINT_FAILED, reason

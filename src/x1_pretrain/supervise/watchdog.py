@@ -7,10 +7,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -42,6 +42,7 @@ from ..core.contract import (
     write_exit_status,
 )
 from ..core.fileio import dir_bytes, free_bytes, says_disk_full
+from ..core.log import as_log
 from .options import WatchdogOptions
 from .policy import (
     CRASH_LOOP,
@@ -56,6 +57,9 @@ from .policy import (
     should_relaunch,
 )
 from .terminate import end_the_bill
+
+_log = logging.getLogger(__name__)
+_say = as_log(_log)
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 DISK_REMINDER_S = 600.0  # while the watchdog waits for space on a full disk, a log line this often
@@ -94,13 +98,13 @@ class Watchdog:
     def log(self, msg: str, **event: Any) -> None:
         """A console line (never raises: ``core.console`` diverts a closed terminal) and, with ``event``, a JSON
         line in ``--events-file``."""
-        print(f"[watchdog] {msg}", file=sys.stderr, flush=True)
+        _say(msg)
         if self.opts.events_file is not None and event:
             try:
                 with open(self.opts.events_file, "a") as f:
                     f.write(json.dumps({"time_unix": time.time(), **event}) + "\n")
             except OSError as e:  # a full disk must not end the supervision
-                print(f"[watchdog] warning: cannot append to {self.opts.events_file} ({e})", file=sys.stderr)
+                _log.warning(f"cannot append to {self.opts.events_file} ({e})")
 
     def _forward(self, signum: int, _frame: Any) -> None:
         """A signal handler: it only records the stop and sends it on. The child may be between two starts, so

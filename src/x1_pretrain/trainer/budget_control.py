@@ -15,6 +15,7 @@ checks on its own clock, and what each verdict does.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -35,6 +36,8 @@ from ..core.config import BudgetConfig, OptimConfig
 from ..core.contract import EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW
 from .loop import Callback, Outcome, Verdict
 from .schedule import Horizon, fitted_end, planned, retarget
+
+_log = logging.getLogger(__name__)
 
 Log = Callable[[str], None]
 ALERT_DEADLINE_S = 15.0
@@ -200,7 +203,7 @@ class BudgetControl(Callback):
 
     def exit_now(self, code: int, reason: str, spent: float | None) -> None:
         """End the process at once: no checkpoint, no MLflow flush; the alert and exit status first."""
-        print(f"[x1] {reason}: exiting {code} now", flush=True)
+        _log.warning(f"{reason}: exiting {code} now")
         self.alert_stop(code, reason, spent, None)
         contract.record_exit_status(self.ckpt_dir, code, reason)
         sys.stdout.flush()

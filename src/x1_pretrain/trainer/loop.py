@@ -10,6 +10,7 @@ handed in through :class:`Run`, so tests drive the loop with fakes (``tests/trai
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections import deque
@@ -23,6 +24,7 @@ from torch import nn
 from ..core import names as N
 from ..core.config import Config
 from ..core.contract import EXIT_BUDGET_CHECKPOINT, EXIT_INTERRUPTED, EXIT_OK
+from ..core.log import as_log
 from ..data.tokens import Batch
 from .device import CompileFallback, CompileFellBack, eager_modules
 from .distributed import World, agree_max, mean_over_ranks
@@ -142,7 +144,7 @@ class Run:
     world: World = field(default_factory=World)
     ddp: Any = None  # the DistributedDataParallel wrapper, for no_sync on accumulation steps
     tracker: Tracker | None = None
-    console: Callable[[str], None] = print
+    console: Callable[[str], None] = field(default_factory=lambda: as_log(logging.getLogger(__name__)))
     clock: Callable[[], float] = time.monotonic
     stop: StopFlag = field(default_factory=StopFlag)
     checkpointer: CheckpointSaver | None = None

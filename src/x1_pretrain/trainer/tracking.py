@@ -13,7 +13,6 @@ import math
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -25,6 +24,8 @@ from ..core import names as N
 from ..core import redact
 from ..core.fileio import disk_full, write_text_atomic
 from ..core.names import EXPERIMENT, default_mlflow_uri
+
+_log = logging.getLogger(__name__)
 
 _MAX_BATCH = 1000  # MLflow's limit of metrics per log_batch
 _MAX_PARAMS = 100  # and of params
@@ -50,7 +51,7 @@ def _within(seconds: float, call: Any) -> bool:
 
 
 def _warn(msg: str) -> None:
-    print(f"[mlflow] warning: {msg}", file=sys.stderr, flush=True)
+    _log.warning(msg)
 
 
 def resolve_uri(uri: str | None, ckpt_dir: Path) -> tuple[str, str | None]:
@@ -61,10 +62,9 @@ def resolve_uri(uri: str | None, ckpt_dir: Path) -> tuple[str, str | None]:
     if uri.startswith("file:") or "://" not in uri:
         if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() != "true":
             os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
-            print(
-                "[mlflow] note: MLflow 3 keeps the file:// store behind MLFLOW_ALLOW_FILE_STORE=true; "
-                "x1 set it for this run (sqlite:///path.db is MLflow's recommended store)",
-                file=sys.stderr,
+            _log.warning(
+                "MLflow 3 keeps the file:// store behind MLFLOW_ALLOW_FILE_STORE=true; "
+                "x1 set it for this run (sqlite:///path.db is MLflow's recommended store)"
             )
         return uri, None
     if uri.startswith(("sqlite:", "http://", "https://", "postgresql", "mysql", "databricks")):
@@ -362,10 +362,9 @@ class MlflowTracker:
             return False
         self._disk_full = False
         if self._down_since is not None:
-            print(
-                f"[mlflow] tracking server reachable again after {time.monotonic() - self._down_since:.0f} s; "
-                "buffered metrics delivered",
-                file=sys.stderr,
+            _log.info(
+                f"tracking server reachable again after {time.monotonic() - self._down_since:.0f} s; "
+                "buffered metrics delivered"
             )
             self._down_since = None
         if self._dropped:
