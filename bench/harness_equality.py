@@ -463,16 +463,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from x1_pretrain.data.tokenizer import load_gpt2
-    from x1_pretrain.evals import sets
+    from x1_pretrain.evals import registry, sets
     from x1_pretrain.evals.run import evaluate_model, load_items
     from x1_pretrain.evals.score import Scorer, score
-    from x1_pretrain.evals.tasks import HAS_ACC_NORM
     from x1_pretrain.report.ckpt_source import load_model, resolve
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    names = sets.task_list(args.tasks)
+    names = registry.task_list(args.tasks)
     src = resolve(ckpt)
     arrows = {t: str(sets.locate(t, args.eval_data_dir)) for t in names}  # hash-checked; fetched on first use
     py = ensure_harness_venv(args.harness_venv)
@@ -543,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     for sc, cs in zip(scores, common, strict=True):
         t = sc.task
         ht = h["tasks"][t]
-        d = compare_task(items[t], x1_lls[t], ht, args.tie, HAS_ACC_NORM[t])
+        d = compare_task(items[t], x1_lls[t], ht, args.tie, "acc_norm" in registry.TASKS[t].metrics)
         d["refused"] = h["refused"].get(t, [])
         details[t] = d
         # the per-request pass must reproduce score()'s own figures, else the per-item checks say nothing

@@ -25,7 +25,8 @@ from .core.errors import X1Error
 from .core.fileio import write_text_atomic
 from .core.log import add_flag as add_log_level
 from .core.log import setup as setup_logging
-from .evals.sets import SETS, cache_dir, fetch_into, task_list
+from .evals.registry import TASKS, task_list
+from .evals.sets import cache_dir, fetch_into
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_log_level(p)
     p.add_argument("--checkpoint", type=Path, help="step_NNNNNNN/ dir, checkpoint dir, or .safetensors file")
-    p.add_argument("--tasks", default=",".join(SETS), help=f"comma-separated, among {', '.join(SETS)} (default: all)")
+    p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, among {', '.join(TASKS)} (default: all)")
     p.add_argument("--limit", type=int, help="score only the first N items of each task (file order)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per forward (default 32)")
     p.add_argument("--output", type=Path, help="write the scores as JSON here")
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def results_json(scores: list[Any], src: Any, limit: int | None, hashes: dict[str, str]) -> dict[str, Any]:
     return {
-        "tasks": {s.task: {**s.to_json(), "limit": limit, "split": SETS[s.task].split} for s in scores},
+        "tasks": {s.task: {**s.to_json(), "limit": limit, "split": TASKS[s.task].split} for s in scores},
         "checkpoint": str(src.weights),
         "step": src.step,
         "config_from": src.config_from,
@@ -70,7 +71,7 @@ def table(scores: list[Any]) -> str:
     for s in scores:
         norm = f"{s.acc_norm:.4f}" if s.acc_norm is not None else "—"
         lines.append(
-            f"{s.task:<14} {SETS[s.task].split:<10} {s.n:>6} {s.acc:>7.4f} {norm:>9} {s.chance:>7.4f}"
+            f"{s.task:<14} {TASKS[s.task].split:<10} {s.n:>6} {s.acc:>7.4f} {norm:>9} {s.chance:>7.4f}"
             + (f"  ({s.truncated} contexts cut to fit)" if s.truncated else "")
             + (f"  ({s.skipped} items skipped: an answer longer than model.seq_len)" if s.skipped else "")
         )
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise X1Error(f"--batch-size {args.batch_size}: must be at least 1")
     if args.fetch:
         fetch_into(args.eval_data_dir or cache_dir())
-        print(f"[evaluate] {', '.join(SETS)} in {args.eval_data_dir or cache_dir()}", file=sys.stderr)
+        print(f"[evaluate] {', '.join(TASKS)} in {args.eval_data_dir or cache_dir()}", file=sys.stderr)
         if args.checkpoint is None:
             return 0
     if args.checkpoint is None:

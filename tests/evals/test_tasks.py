@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from x1_pretrain.evals import sets, tasks
+from x1_pretrain.evals import registry, sets, tasks
 from x1_pretrain.evals.score import encode_pair
 
 HELLASWAG_ROW = {
@@ -72,7 +72,7 @@ def test_winogrande_scores_the_rest_of_the_sentence_after_each_option():
         ("Sarah was a much better surgeon than Maria so Sarah", " always got the easier cases."),
         ("Sarah was a much better surgeon than Maria so Maria", " always got the easier cases."),
     )
-    assert item.gold == 1 and not tasks.HAS_ACC_NORM["winogrande"]
+    assert item.gold == 1 and registry.TASKS["winogrande"].metrics == ("acc",)
 
 
 def test_trailing_spaces_of_a_context_move_to_the_continuation():
@@ -85,11 +85,11 @@ def test_trailing_spaces_of_a_context_move_to_the_continuation():
 
 def test_the_real_sets_when_they_are_cached():
     """The vendored files (hash-checked) hold what the harness reads: sizes, and HellaSwag's first query."""
-    if not all((sets.cache_dir() / f"{t}.arrow").is_file() for t in sets.SETS):
+    if not all((sets.cache_dir() / f"{t}.arrow").is_file() for t in registry.TASKS):
         pytest.skip("the eval sets are not cached (python -m x1_pretrain.evaluate --fetch)")
-    for name, s in sets.SETS.items():
+    for name, s in registry.TASKS.items():
         rows = sets.read_rows(sets.locate(name, fetch=False))
         assert len(rows) == s.items
-        assert len(tasks.items(name, rows, limit=7)) == 7
-    first = tasks.items("hellaswag", sets.read_rows(sets.locate("hellaswag", fetch=False)), limit=1)[0]
+        assert len(registry.items(name, rows, limit=7)) == 7
+    first = registry.items("hellaswag", sets.read_rows(sets.locate("hellaswag", fetch=False)), limit=1)[0]
     assert first.requests[0][0] == "Roof shingle removal: A man is sitting on a roof. He" and first.gold == 3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from x1_pretrain.evals.sets import SETS
+from x1_pretrain.evals.registry import TASKS
 from x1_pretrain.report.manifest import _evals
 from x1_pretrain.report.runs import MetricPoint
 
@@ -28,7 +28,7 @@ def test_the_latest_scores_of_each_task_with_items_scored_the_limit_asked_the_sp
         "n": 497,
         "limit": 500,
         "split": "validation",
-        "data_sha256": SETS["piqa"].sha256,
+        "data_sha256": TASKS["piqa"].sha256,
     }
     assert got["tasks"]["winogrande"]["acc_norm"] is None and got["tasks"]["winogrande"]["n"] == 500
     assert isinstance(got["tasks"]["piqa"]["n"], int)

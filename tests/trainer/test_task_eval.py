@@ -8,7 +8,7 @@ import torch
 
 from x1_pretrain.core.contract import EXIT_INTERRUPTED, EXIT_OK
 from x1_pretrain.data.tokenizer import load_gpt2
-from x1_pretrain.evals import tasks
+from x1_pretrain.evals import registry
 from x1_pretrain.trainer import task_eval
 from x1_pretrain.trainer.loop import Callback, LoopState, train_loop
 from x1_pretrain.trainer.task_eval import TaskEval
@@ -36,7 +36,7 @@ def with_eval(total: int, every: int, extra=(), max_s: float = 60.0):
     log: list[str] = []
     alerts: list[tuple[str, str]] = []
     evaluator = TaskEval(
-        {"piqa": tasks.items("piqa", PIQA)}, load_gpt2().encode, log.append, lambda s, b: alerts.append((s, b))
+        {"piqa": registry.items("piqa", PIQA)}, load_gpt2().encode, log.append, lambda s, b: alerts.append((s, b))
     )
     run = tiny_run(total, [evaluator, *extra])
     run.cfg = replace(

@@ -9,7 +9,7 @@ measured seconds.
 
 from __future__ import annotations
 
-from .sets import SETS, check_tasks
+from .registry import TASKS, check_tasks
 
 EVAL_EFFICIENCY = 0.5  # the evaluation's tokens/s over a third of training's: an assumption until measured
 
@@ -18,7 +18,7 @@ def eval_tokens(names: list[str], limit: int | None) -> float:
     """Input tokens of one evaluation of ``names`` on the first ``limit`` items of each (all when None)."""
     total = 0.0
     for name in check_tasks(names):
-        s = SETS[name]
+        s = TASKS[name]
         total += (s.items if limit is None else min(limit, s.items)) * s.tokens_per_item
     return total
 

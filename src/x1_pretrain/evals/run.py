@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import sets, tasks
+from . import registry, sets, tasks
 from .score import Scorer, TaskScore, score
 
 
@@ -15,10 +15,10 @@ def load_items(
 ) -> tuple[dict[str, list[tasks.Item]], dict[str, str]]:
     """({task: its first ``limit`` items}, {task: the sha256 of its file})."""
     out, hashes = {}, {}
-    for name in sets.check_tasks(names):
+    for name in registry.check_tasks(names):
         path = sets.locate(name, data_dir, fetch)
-        out[name] = tasks.items(name, sets.read_rows(path), limit)
-        hashes[name] = sets.SETS[name].sha256
+        out[name] = registry.items(name, sets.read_rows(path), limit)
+        hashes[name] = registry.TASKS[name].sha256
     return out, hashes
 
 

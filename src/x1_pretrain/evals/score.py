@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .tasks import HAS_ACC_NORM, Item
+from .registry import TASKS
+from .tasks import Item
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def score(task: str, items: list[Item], scorer: Scorer) -> TaskScore:
         task,
         n,
         hits / n if n else math.nan,
-        (hits_norm / n if n else math.nan) if HAS_ACC_NORM[task] else None,
+        (hits_norm / n if n else math.nan) if "acc_norm" in TASKS[task].metrics else None,
         chance / n if n else math.nan,
         truncated,
         time.monotonic() - t0,

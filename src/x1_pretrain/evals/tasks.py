@@ -16,7 +16,6 @@ by the length of the choice in characters, as the harness does.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,18 +71,3 @@ def winogrande(row: dict[str, Any]) -> Item:
     contexts = [sentence[:blank] + row["option1"], sentence[:blank] + row["option2"]]
     rest = TARGET_DELIMITER + sentence[blank + 1 :].strip()
     return Item(tuple((c, rest) for c in contexts), {"1": 0, "2": 1}[row["answer"]], tuple(len(c) for c in contexts))
-
-
-BUILD: dict[str, Callable[[dict[str, Any]], Item]] = {
-    "hellaswag": hellaswag,
-    "arc_easy": arc,
-    "arc_challenge": arc,
-    "piqa": piqa,
-    "winogrande": winogrande,
-}
-HAS_ACC_NORM = {"hellaswag": True, "arc_easy": True, "arc_challenge": True, "piqa": True, "winogrande": False}
-
-
-def items(task: str, rows: list[dict[str, Any]], limit: int | None = None) -> list[Item]:
-    """The first ``limit`` rows (file order, as the harness's ``--limit``) as items."""
-    return [BUILD[task](r) for r in (rows if limit is None else rows[:limit])]

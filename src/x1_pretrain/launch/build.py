@@ -361,8 +361,8 @@ def _task_eval(ctx: Context) -> list[Any]:
     if not ctx.cfg.train.eval_tasks.strip() or not ctx.world.main:
         return []
     from ..data.tokenizer import load_gpt2
+    from ..evals.registry import task_list
     from ..evals.run import load_items
-    from ..evals.sets import task_list
     from ..trainer.task_eval import TaskEval
 
     t = ctx.cfg.train

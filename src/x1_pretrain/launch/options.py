@@ -294,7 +294,7 @@ def eval_cost(cfg: C.Config) -> Any:
     their size (evals/cost.py) until one is timed: for plan, the launch gate and the guard alike."""
     from ..budget.money import EvalCost
     from ..evals.cost import eval_in_steps
-    from ..evals.sets import task_list
+    from ..evals.registry import task_list
 
     t = cfg.train
     if not t.eval_tasks.strip():

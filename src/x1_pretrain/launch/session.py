@@ -191,7 +191,7 @@ def train(opts: TrainOptions) -> int:
     import numpy as np  # noqa: F401  (imported before torch on purpose: fail fast on a broken env)
 
     if world.main and cfg.train.eval_tasks.strip():
-        from ..evals.sets import task_list
+        from ..evals.registry import task_list
 
         task_list(cfg.train.eval_tasks)  # an unknown task: exit 2 before anything is built
     limits = budget_limits(opts, cfg.budget)

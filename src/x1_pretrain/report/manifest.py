@@ -28,7 +28,7 @@ from ..core import redact
 from ..core.config import ModelConfig, upgrade
 from ..core.errors import X1Error
 from ..core.fileio import sha256_file
-from ..evals.sets import SETS
+from ..evals.registry import TASKS
 from ..model import flops
 from .runs import MetricPoint, RunRecord
 
@@ -285,7 +285,7 @@ def _evals(points: list[MetricPoint], cfg: dict[str, Any]) -> dict[str, Any] | N
     limit = (cfg.get("train") or {}).get("eval_tasks_limit")
     latest: dict[str, dict[str, Any]] = {}
     for task, ps in by_task.items():
-        step, known = max(p.step for p in ps), SETS.get(task)
+        step, known = max(p.step for p in ps), TASKS.get(task)
         values = {p.name.split("/")[2]: p.value for p in ps if p.step == step}
         scored = values.pop("n", None)  # what was scored, never what was asked: skipped items are not in it
         latest[task] = {

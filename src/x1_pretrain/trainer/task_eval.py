@@ -21,8 +21,8 @@ from dataclasses import replace
 from ..budget.money import EvalCost
 from ..core import names as N
 from ..core.contract import EXIT_BUDGET_CHECKPOINT, EXIT_OK
+from ..evals.registry import TASKS
 from ..evals.score import Scorer, TaskScore, score
-from ..evals.sets import SETS
 from ..evals.tasks import Item
 from .loop import Callback, LoopState, Outcome, Run, StepReport, Verdict, scoring_mode
 
@@ -116,7 +116,7 @@ class TaskEval(Callback):
             parts = [
                 f"{s.task} {s.acc:.3f}"
                 + (f"/{s.acc_norm:.3f}" if s.acc_norm is not None else "")
-                + f" (n={s.n} {SETS[s.task].split if s.task in SETS else '?'}"
+                + f" (n={s.n} {TASKS[s.task].split if s.task in TASKS else '?'}"
                 + (f", {s.skipped} skipped" if s.skipped else "")
                 + ")"
                 for s in done
