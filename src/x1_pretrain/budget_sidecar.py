@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
-from .budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, PROVIDERS, ApiSource, ClockSource, NodesSource
+from .budget.providers import APIS, CLOCK, PROVIDERS, ApiSource, ClockSource, NodesSource
 from .budget.sidecar import BudgetAsk, FixedLines, Sidecar, load_state
 from .core.cli import guarded, old_spelling
 from .core.console import guarded_console
@@ -92,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-key-env", default=None, help="env var holding the API key (default: LAMBDA_API_KEY / RUNPOD_API_KEY)"
     )
-    p.add_argument("--instance-id", default=None, help="Lambda instance to follow (default: the only running one)")
-    p.add_argument("--pod-id", default=None, help="RunPod pod to follow (default: the only running one)")
+    for api in APIS.values():
+        p.add_argument(api.id_flag, default=None, help=api.id_help())
     p.add_argument(
         "--nodes",
         type=int,
@@ -107,35 +107,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_source(args: argparse.Namespace, environ: Mapping[str, str]) -> ApiSource | ClockSource:
-    if args.provider == "clock":
+    if args.provider == CLOCK:
         if args.rate_usd_per_hr is None:
             raise X1Error("--provider clock needs --rate-usd-per-hr R (the instance's price in USD per hour)")
         return ClockSource(args.rate_usd_per_hr)
-    wrong_id = (
-        "--pod-id"
-        if args.provider == "lambda" and args.pod_id
-        else ("--instance-id" if args.provider == "runpod" and args.instance_id else None)
-    )
-    if wrong_id:
-        raise X1Error(
-            f"{wrong_id} does not apply to --provider {args.provider}; use "
-            f"{'--instance-id' if args.provider == 'lambda' else '--pod-id'}"
-        )
-    key_env = args.api_key_env or DEFAULT_KEY_ENV[args.provider]
+    api = APIS[args.provider]
+    wrong = [a.id_flag for a in APIS.values() if a is not api and getattr(args, a.id_dest)]
+    if wrong:
+        raise X1Error(f"{wrong[0]} does not apply to --provider {args.provider}; use {api.id_flag}")
+    key_env = args.api_key_env or api.key_env
     key = environ.get(key_env, "").strip()
     if not key:
         raise X1Error(
             f"environment variable {key_env} is not set: export {key_env}=<your {args.provider} API key>"
             f", or name another variable with --api-key-env, or use --provider clock --rate-usd-per-hr R"
         )
-    return ApiSource(
-        args.provider,
-        args.provider_base_url or DEFAULT_BASE_URL[args.provider],
-        key,
-        key_env,
-        args.timeout_s,
-        args.instance_id if args.provider == "lambda" else args.pod_id,
-    )
+    base = args.provider_base_url or api.base_url
+    return ApiSource(args.provider, base, key, key_env, args.timeout_s, getattr(args, api.id_dest))
 
 
 def _check(args: argparse.Namespace) -> None:

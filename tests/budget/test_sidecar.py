@@ -20,6 +20,7 @@ import pytest
 from x1_pretrain import budget_sidecar as bs_cli
 from x1_pretrain.budget import providers as pv
 from x1_pretrain.budget import sidecar as bs
+from x1_pretrain.budget.providers import lambda_cloud, runpod
 from x1_pretrain.core.errors import X1Error
 
 from ..conftest import REPO
@@ -141,7 +142,7 @@ def api_sidecar(
     resource_id: str | None = None,
     started: datetime | None = T0,
 ) -> bs.Sidecar:
-    source = pv.ApiSource(provider, base, KEY, pv.DEFAULT_KEY_ENV[provider], timeout_s, resource_id)
+    source = pv.ApiSource(provider, base, KEY, pv.APIS[provider].key_env, timeout_s, resource_id)
     return bs.Sidecar(source, out, ask(provider, started), bs.load_state(out), now=clock)
 
 
@@ -160,7 +161,7 @@ def no_temp_files(d: Path) -> bool:
     ],
 )
 def test_parse_lambda(body, wanted, rate, rid):
-    r = pv.parse_lambda(body, wanted)
+    r = lambda_cloud.parse_lambda(body, wanted)
     assert (r.rate_usd_per_hr, r.uptime_s, r.resource_id) == (pytest.approx(rate), None, rid)
 
 
@@ -190,7 +191,7 @@ def test_parse_lambda(body, wanted, rate, rid):
 )
 def test_parse_lambda_errors(body, wanted, error, needle):
     with pytest.raises(error) as e:
-        pv.parse_lambda(body, wanted)
+        lambda_cloud.parse_lambda(body, wanted)
     assert needle in str(e.value)
 
 
@@ -203,7 +204,7 @@ def test_parse_lambda_errors(body, wanted, error, needle):
     ],
 )
 def test_parse_runpod(body, wanted, rate, uptime, rid):
-    r = pv.parse_runpod(body, wanted)
+    r = runpod.parse_runpod(body, wanted)
     assert (r.rate_usd_per_hr, r.uptime_s, r.resource_id) == (pytest.approx(rate), uptime, rid)
 
 
@@ -220,7 +221,7 @@ def test_parse_runpod(body, wanted, rate, uptime, rid):
 )
 def test_parse_runpod_errors(body, error, needle):
     with pytest.raises(error) as e:
-        pv.parse_runpod(body)
+        runpod.parse_runpod(body)
     assert needle in str(e.value)
     if error is pv.PollError and "errors" in body:
         assert e.value.kind == "API error"
@@ -301,7 +302,7 @@ def test_runpod_poll_uses_graphql_and_uptime(cloud, tmp_path):
     assert b["started_from"] == "the provider's uptime"
     ((method, path, auth, body),) = state.requests
     assert (method, path, auth) == ("POST", "/graphql", f"Bearer {KEY}")
-    assert json.loads(body) == {"query": pv.RUNPOD_QUERY}
+    assert json.loads(body) == {"query": runpod.RUNPOD_QUERY}
 
 
 FAILURES = [
@@ -696,3 +697,18 @@ def test_cli_one_sidecar_bills_every_node(cloud, tmp_path, monkeypatch):
     assert (
         bs_cli.main(["--provider", "clock", "--rate-usd-per-hr", "1", "--nodes", "0", "--out", str(out), "--once"]) == 2
     )  # usage
+
+
+def test_the_provider_registry_drives_both_commands_flags():
+    """A provider is one module and one entry of providers.APIS: the sidecar's --provider and id flags and the
+    watchdog's --terminate-on-exit and id flags come from it, and each API answers with its own reading."""
+    from x1_pretrain import budget_sidecar
+    from x1_pretrain import watchdog as watchdog_cmd
+
+    side, wd = budget_sidecar.build_parser().format_help(), watchdog_cmd.build_parser().format_help()
+    assert set(pv.PROVIDERS) == {*pv.APIS, pv.CLOCK} and "{lambda,runpod,clock}" in side.replace(" ", "")
+    assert "--terminate-on-exit {lambda,runpod}" in wd
+    for api in pv.APIS.values():
+        assert (
+            api.id_flag in side and api.id_flag in wd and api.name in (api.read.__module__ or "").replace("_cloud", "")
+        )

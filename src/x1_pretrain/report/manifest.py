@@ -21,6 +21,7 @@ from typing import Any
 from ..budget.guard import format_time, parse_time
 from ..budget.ledger import LEDGER_FILE
 from ..budget.ledger import read as read_ledger
+from ..budget.providers import APIS
 from ..budget.source import read_source
 from ..ckpt import checkpoint as ck
 from ..core import names as N
@@ -325,7 +326,9 @@ def build(
         )
     dollars, budget_provider = _dollars(run, final, spent_usd, curr_cost_uri)
     if provider is None:
-        provider = budget_provider or ("runpod" if os.environ.get("RUNPOD_POD_ID") else None)
+        provider = budget_provider or next(
+            (a.name for a in APIS.values() if a.id_env and os.environ.get(a.id_env)), None
+        )
     versions = dict(state.get("versions") or {})
     versions["x1_pretrain_git_commit"] = run.tags.get(N.TAG_GIT_COMMIT)
     config_file = run.tags.get(N.TAG_CONFIG_FILE)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..budget.providers import DEFAULT_BASE_URL, DEFAULT_KEY_ENV, ApiSource, PollError, SelectionError
+from ..budget.providers import APIS, ApiSource, PollError, SelectionError
 from ..ckpt import remote_dir
 from ..ckpt.objstore import RemoteURL, Store, StoreError
 from ..core.contract import EXIT_BUDGET_NOW
@@ -48,7 +48,7 @@ class EndOfBill:
 def add_flags(ap: Any) -> None:
     """The watchdog's "ending the bill" flags."""
     e = ap.add_argument_group("ending the bill")
-    e.add_argument("--terminate-on-exit", choices=("lambda", "runpod"), help="terminate the instance at the end")
+    e.add_argument("--terminate-on-exit", choices=tuple(APIS), help="terminate the instance at the end")
     e.add_argument("--export-to", type=Path, help="export_run --output before terminating (required with it)")
     e.add_argument(
         "--bundle-remote",
@@ -57,8 +57,8 @@ def add_flags(ap: Any) -> None:
         "terminate call (default: the train command's --ckpt-remote + /bundle; without either, "
         "--terminate-on-exit is refused: the instance's own disk goes with it)",
     )
-    e.add_argument("--instance-id", help="Lambda instance (default: the only running one)")
-    e.add_argument("--pod-id", help="RunPod pod (default: $RUNPOD_POD_ID, else the only running one)")
+    for api in APIS.values():
+        e.add_argument(api.id_flag, help=api.id_help(f"${api.id_env}, else " if api.id_env else ""))
     e.add_argument("--api-key-env", help="env var holding the provider's API key")
     e.add_argument(
         "--provider-base-url", help="provider API base URL (default: the provider's; the sidecar's --provider-base-url)"
@@ -87,13 +87,14 @@ def from_flags(args: Any, ckpt_remote: str | None, mlflow_uri: str) -> EndOfBill
     if args.export_to is None:
         raise X1Error("--terminate-on-exit needs --export-to DIR: the run is exported before the instance goes")
     bundle_remote = bundle_remote_of(args.bundle_remote, ckpt_remote, args.export_to)
-    key_env = args.api_key_env or DEFAULT_KEY_ENV[provider]
+    api = APIS[provider]
+    key_env = args.api_key_env or api.key_env
     key = os.environ.get(key_env, "").strip()
     if not key:
         raise X1Error(f"--terminate-on-exit {provider}: environment variable {key_env} is not set")
-    rid = args.instance_id if provider == "lambda" else (args.pod_id or os.environ.get("RUNPOD_POD_ID"))
-    api = ApiSource(provider, args.provider_base_url or DEFAULT_BASE_URL[provider], key, key_env, 20.0, rid)
-    return EndOfBill(api, args.export_to, mlflow_uri, bundle_remote=bundle_remote)
+    rid = getattr(args, api.id_dest) or (os.environ.get(api.id_env) if api.id_env else None)
+    source = ApiSource(provider, args.provider_base_url or api.base_url, key, key_env, 20.0, rid)
+    return EndOfBill(source, args.export_to, mlflow_uri, bundle_remote=bundle_remote)
 
 
 def export_run(end: EndOfBill, log: Callable[[str], None]) -> bool:
