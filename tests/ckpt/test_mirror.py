@@ -160,7 +160,8 @@ print("all uploaded", flush=True)
 
 def test_the_remote_latest_is_complete_whenever_the_mirror_is_killed(s3, s3env, tmp_path):
     """SIGKILL at moments drawn at random inside the uploads (by bytes sent, not by the clock): the remote's
-    latest always names a checkpoint whose every file is there and verifies."""
+    latest always names a checkpoint whose every file is there and verifies. (A kill over an earlier run's
+    uploads, then a resume: test_remote_resume's killed-mid-upload test.)"""
     ckpt = tmp_path / "c"
     names = [_step(ckpt, s, mb=1.5).name for s in (1, 2, 3)]  # each weights file goes up from the upload worker
     proxy = Proxy(s3.port)
@@ -171,6 +172,9 @@ def test_the_remote_latest_is_complete_whenever_the_mirror_is_killed(s3, s3env, 
     total = sum(f.stat().st_size for name in names for f in (ckpt / name).iterdir())
     try:
         for attempt in range(4):
+            # each attempt from an empty prefix, so the cut drawn below is always inside what it sends (over an
+            # earlier attempt's checkpoints the mirror sends only the newer ones: a late cut was never reached)
+            store.delete(list(store.list_objects()))
             start = proxy.bytes_up
             cut = rng.uniform(0.05, 0.95) * total  # somewhere in the three checkpoints' bytes
             child = subprocess.Popen(

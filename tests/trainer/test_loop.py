@@ -116,3 +116,38 @@ def test_every_end_the_fit_proposes_is_honoured_however_near(fit):
 def test_without_a_proposal_the_planned_end_stands():
     run = tiny_run(8, [])
     assert train_loop(run, LoopState()).step == 8 and run.horizon == planned(8, run.cfg.optim)
+
+
+class RecordingTracker:
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, dict]] = []
+
+    def log_metrics(self, step, values) -> None:
+        self.calls.append((step, dict(values)))
+
+
+class Records(Callback):
+    """A component with a metric of its own: it names the value and records it; the loop does the logging."""
+
+    def after_step(self, run, state, report):
+        run.record_metric(state.step, "train/my_value", float(state.step) * 2)
+        if state.step == 7:
+            raise RuntimeError("a crash after recording")
+        return None
+
+
+def test_a_callbacks_metric_is_logged_with_the_steps_values_in_one_call_and_never_lost():
+    """record_metric: each step's values (the loop's, the val loss, a callback's own) reach the tracker in one
+    call per step at the boundary, and what was recorded before a crash is still delivered."""
+    run = tiny_run(10, [Records()])
+    run.tracker = RecordingTracker()
+    with pytest.raises(RuntimeError, match="a crash after recording"):
+        train_loop(run, LoopState())
+    steps = [s for s, _ in run.tracker.calls]
+    assert steps == sorted(set(steps)), "one call per step, in order"
+    by_step = dict(run.tracker.calls)
+    assert by_step[0] == {"val/loss": by_step[0]["val/loss"]}  # the starting point of the val curve
+    assert by_step[1]["train/my_value"] == 2.0 and "train/loss" in by_step[1] and "train/first_step_s" in by_step[1]
+    assert by_step[5]["train/my_value"] == 10.0 and "train/tokens_per_s" in by_step[5]  # a logging step
+    assert by_step[6] == {"train/my_value": 12.0}  # not a logging step: only the callback's value
+    assert by_step[7] == {"train/my_value": 14.0}  # recorded, then the crash: delivered by the loop's finally

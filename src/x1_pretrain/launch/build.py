@@ -41,7 +41,7 @@ from ..trainer.device import (
     seed_everything,
 )
 from ..trainer.distributed import World
-from ..trainer.loop import LoopState, Run, StopFlag
+from ..trainer.loop import LoopState, Run, StepMetrics, StopFlag
 from ..trainer.optim import build_optimizer
 from ..trainer.schedule import Horizon, planned
 from ..trainer.spike import (
@@ -157,7 +157,7 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
     return model, forward, optimizer, state
 
 
-def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> SpikeWatch:
+def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume, recorded: StepMetrics) -> SpikeWatch:
     cfg, sp, log = ctx.cfg, ctx.opts.spike, ctx.log
     injector = None
     if sp.inject_at_step is not None:
@@ -183,7 +183,7 @@ def _spikes(ctx: Context, data: TokenData, tracker: Any, resume: Resume) -> Spik
         injector,
         sc.skip_steps,
         sp.force_inject,
-        SpikeReport(log, tracker.log_metrics, tracker.set_tags),
+        SpikeReport(log, recorded.record, tracker.set_tags),
         lr_warmup_steps=cfg.optim.warmup_steps,
     )
     if resume.state.get("spike"):
@@ -458,7 +458,8 @@ def build_run(ctx: Context) -> Built:
         + ("" if ctx.device.type != "cuda" or cfg.train.sdpa_cudnn else " (cuDNN SDPA off: train.sdpa_cudnn)")
     )
     tracker.set_tags({N.TAG_COMPILE_MODE_EFFECTIVE: mode, N.TAG_COMPILE_SCOPE_EFFECTIVE: scope, **kernels})
-    spike_watch = _spikes(ctx, data, tracker, resume)
+    recorded = StepMetrics()  # what the loop's components record for a step
+    spike_watch = _spikes(ctx, data, tracker, resume, recorded)
     control = (
         BudgetControl(
             ctx.guard,
@@ -513,6 +514,7 @@ def build_run(ctx: Context) -> Built:
         peak_tflops=peak,
         tracker=tracker,
         console=as_log(logging.getLogger("x1_pretrain.trainer.loop")) if ctx.world.main else log,
+        metrics=recorded,
         stop=ctx.stop,
         checkpointer=checkpointer,
         callbacks=callbacks,

@@ -28,8 +28,7 @@ class FirstStepTiming(Callback):
     def after_step(self, run: Run, state: LoopState, report: StepReport) -> Verdict | None:
         if report.meter.seen == 1:
             run.console(f"first step of this process took {report.dt:.1f} s (compilation and warm-up included)")
-            if run.tracker is not None:
-                run.tracker.log_metrics(report.step, {N.TRAIN_FIRST_STEP_S: report.dt})
+            run.record_metric(report.step, N.TRAIN_FIRST_STEP_S, report.dt)
         return None
 
 
@@ -46,8 +45,7 @@ class ValLog(Callback):
     """The val loss to MLflow and the console."""
 
     def after_eval(self, run: Run, state: LoopState, val_loss: float) -> None:
-        if run.tracker is not None:
-            run.tracker.log_metrics(state.step, {N.VAL_LOSS: val_loss})
+        run.record_metric(state.step, N.VAL_LOSS, val_loss)
         run.console(f"step {state.step:>7} | val loss {val_loss:.4f}")
 
 

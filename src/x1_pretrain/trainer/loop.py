@@ -12,9 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -120,6 +121,32 @@ class CheckpointSaver(Protocol):
     def due(self, step: int, every_steps: int, every_min: float) -> str | None: ...
 
 
+class StepMetrics:
+    """The values a run's components record for a step, as OLMo-core's ``record_metric``: the component that
+    produces a value names it (a ``core.names`` constant) and records it; the loop sends everything recorded
+    to the tracker, one call a step, at each step boundary before a checkpoint can be written there (so a
+    checkpoint's MLflow store holds every step it covers), and when the run ends, however it ends. A new
+    metric touches only the component that makes it. Thread-safe (a callback may record from a thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, dict[str, float]] = {}
+
+    def record(self, step: int, values: Mapping[str, float]) -> None:
+        if not values:
+            return
+        with self._lock:
+            self._pending.setdefault(step, {}).update(values)
+
+    def flush(self, tracker: Tracker | None) -> None:
+        """Everything recorded so far to ``tracker`` (dropped without one), oldest step first."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if tracker is not None:
+            for step in sorted(pending):
+                tracker.log_metrics(step, pending[step])
+
+
 @dataclass
 class StopFlag:
     """Set by signal handlers (train.py); read by the loop between optimizer steps."""
@@ -153,6 +180,11 @@ class Run:
     horizon: Horizon | None = None  # where the schedule ends (None: planned for train.total_steps)
     proposed_end: int = 0  # rank 0's wish for a new end (--budget-fit), agreed at the next boundary
     alert: Callable[[str, str], None] | None = None  # (subject, body) to the configured channels, if any
+    metrics: StepMetrics = field(default_factory=StepMetrics)  # what components record for a step
+
+    def record_metric(self, step: int, name: str, value: float) -> None:
+        """Record ``name`` = ``value`` for ``step``; the loop logs it with the step's other values."""
+        self.metrics.record(step, {name: value})
 
     def __post_init__(self) -> None:
         if self.horizon is None:
@@ -295,6 +327,13 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
 
     Raises :class:`Diverged` on a NaN/Inf loss or grad norm (no checkpoint is written from those weights).
     """
+    try:
+        return _steps(run, state)
+    finally:  # however the run ends: what its components recorded reaches the tracker
+        run.metrics.flush(run.tracker)
+
+
+def _steps(run: Run, state: LoopState) -> Outcome:
     meter = Throughput(run.cfg.train.throughput_window)
     run.raw_model.train()
     if state.step == 0:
@@ -322,8 +361,10 @@ def train_loop(run: Run, state: LoopState) -> Outcome:
         if run.end_step <= report.step and not report.logged:  # the fit pulled the end here: the last step
             _log_step(run, state, report)
         report.checkpoint_now = bool(ckpt_now)
+        run.metrics.flush(run.tracker)  # the step's values, one call, before a checkpoint at this boundary
         for cb in run.callbacks:
             cb.at_boundary(run, state, report)
+        run.metrics.flush(run.tracker)  # what the boundary's callbacks recorded
         if ckpt_now:  # a SIGUSR1 that arrived after the agreement is served next step
             run.stop.checkpoint_now = False
         if stop:
@@ -388,8 +429,7 @@ def _log_step(run: Run, state: LoopState, report: StepReport) -> None:
     if run.device.type == "cuda":  # the high-water mark of this process (allocated, not cached)
         metrics[N.TRAIN_PEAK_MEM_GIB] = torch.cuda.max_memory_allocated(run.device) / 2**30
     done, end = state.step, run.end_step
-    if run.tracker is not None:
-        run.tracker.log_metrics(done, dict(metrics))
+    run.metrics.record(done, metrics)
     eta = (end - done) * mean_dt
     if math.isfinite(mfu):
         lab = f", lab 6N {mfu_lab * 100:.1f}%" if math.isfinite(mfu_lab) else ""
@@ -444,6 +484,7 @@ def save_and_tell(run: Run, state: LoopState, reason: str, required: bool = Fals
 
 
 def _end(run: Run, state: LoopState, outcome: Outcome, checkpoint: bool, final: bool = False) -> Outcome:
+    run.metrics.flush(run.tracker)  # a checkpoint's MLflow store holds every step it covers
     if checkpoint:
         save_and_tell(run, state, "final" if final else outcome.reason, required=True)
     for cb in run.callbacks:

@@ -110,8 +110,7 @@ class TaskEval(Callback):
             if s.acc_norm is not None:
                 metrics[N.eval_task_metric(s.task, "acc_norm")] = s.acc_norm
             metrics[N.eval_task_metric(s.task, "n")] = float(s.n)  # the items scored (the manifest's n)
-        if done and run.tracker is not None:
-            run.tracker.log_metrics(state.step, {k: v for k, v in metrics.items() if math.isfinite(v)})
+        run.metrics.record(state.step, {k: v for k, v in metrics.items() if math.isfinite(v)})
         if done:
             parts = [
                 f"{s.task} {s.acc:.3f}"
