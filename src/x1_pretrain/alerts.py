@@ -11,7 +11,7 @@
     X1_SMTP_CA_FILE        optional PEM bundle to trust for STARTTLS (a private relay's CA)
 
 ``Alerter.send`` never raises: each channel maps to None (delivered) or a short, redacted error,
-and each failure is printed to stderr with the prefix ``[alerts]``. A misconfigured channel (e.g.
+and each failure is a warning on stderr (``budget.alerts``). A misconfigured channel (e.g.
 X1_SMTP_HOST without X1_SMTP_TO) is listed and reports its problem on every send, so a pre-launch
 test (``python -m x1_pretrain.alerts test``) shows it before money is spent.
 """

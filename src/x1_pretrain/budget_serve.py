@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, info_to="stderr")  # a background process: its lines on stderr
 
     def body() -> int:
         if args.derive_token:

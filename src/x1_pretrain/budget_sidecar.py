@@ -150,7 +150,7 @@ def _check(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
-        setup_logging(args.log_level)
+        setup_logging(args.log_level, info_to="stderr")  # a background process: its lines on stderr
     except SystemExit as e:  # argparse has printed the usage error (or --help)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     stop = threading.Event()

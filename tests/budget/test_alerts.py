@@ -220,7 +220,7 @@ def test_slack_error_status_is_reported_without_the_secret(slack, capsys):
     result = alerts.from_env({"X1_SLACK_WEBHOOK_URL": url}).send("s", "b")
     err = capsys.readouterr().err
     assert result["slack"] is not None and "404" in result["slack"]
-    assert err.startswith("[alerts] slack") and "127.0.0.1" in err
+    assert "WARNING budget.alerts: slack" in err and "127.0.0.1" in err
     assert WEBHOOK_SECRET not in err and WEBHOOK_SECRET not in result["slack"] and "services" not in err
 
 
@@ -251,7 +251,7 @@ def test_wrong_password_is_an_error_that_hides_it(smtp_server, tls_files, capsys
     result = alerts.from_env(env).send("s", "b")
     err = capsys.readouterr().err
     assert result["email"] is not None and "SMTPAuthenticationError" in result["email"]
-    assert "[alerts] email (127.0.0.1:" in err
+    assert "WARNING budget.alerts: email (127.0.0.1:" in err
     assert wrong not in err and wrong not in result["email"]
     assert inbox.messages == []
 
@@ -287,7 +287,7 @@ def test_closed_ports_return_errors_and_do_not_raise(capsys):
     assert set(result) == {"slack", "email"}
     assert all(v is not None and "Refused" in v for v in result.values()), result
     err = capsys.readouterr().err
-    assert err.count("[alerts] ") == 2
+    assert err.count("WARNING budget.alerts: ") == 2
     for secret in (WEBHOOK_SECRET, PASSWORD):
         assert secret not in err and all(secret not in v for v in result.values() if v)
 

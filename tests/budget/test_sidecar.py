@@ -334,7 +334,7 @@ def test_a_failed_poll_leaves_budget_json_alone(cloud, tmp_path, capsys, provide
     assert out.read_bytes() == before  # last good values, last_update_utc unchanged
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1
-    assert err.startswith(f"[budget_sidecar] {provider}: {kind}")
+    assert f"WARNING budget.sidecar: {provider}: {kind}" in err
     assert KEY not in err and KEY not in out.read_text()
     if kind == "HTTP 401":
         assert "LAMBDA_API_KEY" in err

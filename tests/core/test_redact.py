@@ -36,6 +36,6 @@ def test_a_url_flag_with_a_secret_is_warned_once_masked_naming_the_alternative(m
     assert not redact.warn_if_visible("--mlflow-uri", url, redact.MLFLOW_CREDENTIALS)  # once
     assert redact.warn_if_visible("--budget-curr-cost-uri", "https://h/b.json?token=abcdef", redact.BUDGET_CREDENTIALS)
     err = capsys.readouterr().err
-    assert err.count("warning:") == 2 and "pa55word" not in err and "abcdef" not in err
+    assert err.count(" WARNING core.redact: ") == 2 and "pa55word" not in err and "abcdef" not in err
     assert "--mlflow-uri http://***@host:5000/ carries a secret" in err and "(ps)" in err
     assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in err and "X1_BUDGET_TOKEN" in err

@@ -246,7 +246,7 @@ def test_budget_falls_back_to_the_checkpoint_snapshot(built, tmp_path, capsys):
     dollars, _ = manifest._dollars(run, final_of(alone), None, None)
     assert dollars["spent_usd"] == pytest.approx(SPENT_IN_CHECKPOINT, abs=0.01)
     assert "trainer_state.json" in dollars["source"]
-    assert "gone.json does not exist" in capsys.readouterr().out
+    assert "gone.json does not exist" in capsys.readouterr().err  # a warning: on stderr
     with pytest.raises(X1Error, match="--budget-curr-cost-uri"):
         manifest._dollars(run, final_of(alone), None, str(built.root / "gone.json"))
 
@@ -272,7 +272,7 @@ def test_dollars_come_from_the_ledger_and_a_budget_json_older_than_the_run_is_no
     dollars, _ = manifest._dollars(run, final_of(built.ckpt), None, None)
     assert dollars["spent_usd"] == ledger["spent_usd"] and dollars["counted_at_utc"] == ledger["spent_at_utc"]
     assert "budget_ledger.json (the budget guard's count at" in dollars["source"]
-    warned = capsys.readouterr().out
+    warned = capsys.readouterr().err
     assert "was last updated 2020-01-01T00:00:00Z, before the run ended" in warned
     assert any("before the run ended" in n for n in dollars["notes"]) and any("stale" in n for n in dollars["notes"])
     # the sidecar's fresh final reading, above the ledger, is the better figure (the bundle's own manifest)

@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import smtplib
 import ssl
-import sys
 import threading
 import urllib.error
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from email.message import EmailMessage
-from typing import Protocol, TextIO
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from ..core.http import HttpError, request
+
+_log = logging.getLogger(__name__)
 
 TIMEOUT_S = 10.0
 TEST_PREFIX = "[x1 TEST] "
@@ -129,7 +131,6 @@ class Alerter:
     """Sends one message to every configured channel; see the module docstring."""
 
     configured: Sequence[Channel] = ()
-    log: TextIO | None = field(default=None, repr=False)  # None: sys.stderr at the time of the call
 
     def channels(self) -> list[str]:
         return [c.name for c in self.configured]
@@ -150,7 +151,7 @@ class Alerter:
                     error = _short_error(e, ch.secrets())
             results[ch.name] = error
             if error is not None:
-                print(f"[alerts] {ch.name} ({ch.where}) failed: {error}", file=self.log or sys.stderr, flush=True)
+                _log.warning(f"{ch.name} ({ch.where}) failed: {error}")
         return results
 
     def send_within(self, subject: str, body: str, deadline_s: float = 20.0) -> dict[str, str | None]:
@@ -160,9 +161,7 @@ class Alerter:
         helper.start()
         helper.join(deadline_s)
         if helper.is_alive():
-            print(
-                f"[alerts] not every channel answered within {deadline_s:g} s", file=self.log or sys.stderr, flush=True
-            )
+            _log.warning(f"not every channel answered within {deadline_s:g} s")
         return results
 
 

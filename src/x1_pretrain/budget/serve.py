@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
-import sys
 import threading
 from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from ..core.errors import X1Error
+
+_log = logging.getLogger(__name__)
 
 TOKEN_ENV, TOKEN_FILE_ENV = "X1_BUDGET_TOKEN", "X1_BUDGET_TOKEN_FILE"
 MIN_TOKEN_CHARS = 16
@@ -144,6 +146,6 @@ def _handler(server: BudgetServer) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format: str, *args: object) -> None:
             # the request line and the code; never a header (the token)
-            print(f"[budget_serve] {self.client_address[0]} {format % args}", file=sys.stderr, flush=True)
+            _log.info(f"{self.client_address[0]} {format % args}")
 
     return Handler

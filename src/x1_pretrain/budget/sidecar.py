@@ -6,18 +6,20 @@ command, its flags and the file's contract are documented in ``budget_sidecar.py
 from __future__ import annotations
 
 import json
-import sys
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ..core.contract import EXIT_OK
 from ..core.errors import X1Error
 from ..core.fileio import write_text_atomic
 from .providers import ApiSource, BillingReading, ClockSource, NodesSource, PollError, SelectionError
+
+_log = logging.getLogger(__name__)
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 CROSS_CHECK_USD = 0.50  # the balance and the integrated total may differ this much (or 10 %) silently
@@ -236,11 +238,10 @@ class Sidecar:
     ask: BudgetAsk
     state: State = field(default_factory=State)
     now: Callable[[], datetime] = utc_now
-    log: TextIO | None = None  # None: sys.stderr at the time of the call
     polled_ok: bool = False
 
     def _say(self, line: str) -> None:
-        print(f"[budget_sidecar] {line}", file=self.log or sys.stderr, flush=True)
+        _log.info(line)
 
     def poll(self) -> bool:
         """One poll. True when budget.json was rewritten. SelectionError escapes only before the first success."""
@@ -258,19 +259,19 @@ class Sidecar:
             write_json_atomic(state_path(self.out), self.state.to_json())
             write_json_atomic(self.out, budget)
         except PollError as e:
-            self._say(f"{name}: {e.kind}{': ' + e.detail if e.detail else ''}; budget.json left as it was")
+            _log.warning(f"{name}: {e.kind}{': ' + e.detail if e.detail else ''}; budget.json left as it was")
             return False
         except SelectionError as e:
             if not self.polled_ok:
                 raise
-            self._say(f"{name}: {e}; budget.json left as it was")
+            _log.warning(f"{name}: {e}; budget.json left as it was")
             return False
         except OSError as e:
-            self._say(f"{name}: cannot write {self.out}: {e.strerror or e}; will retry")
+            _log.warning(f"{name}: cannot write {self.out}: {e.strerror or e}; will retry")
             return False
         self.polled_ok = True
         for note in notes + more:
-            self._say(f"{name}: {note}")
+            _log.warning(f"{name}: {note}")  # a restart, a balance that disagrees: worth a look
         what = name if reading.resource_id == name else f"{name} {reading.resource_id}"
         self._say(
             f"{what}: spent ${budget['spent_usd']:.2f} (compute ${budget['compute_usd']:.2f} + fixed "

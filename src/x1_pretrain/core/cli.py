@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from .contract import EXIT_UNEXPECTED
 from .errors import X1Error
+
+_log = logging.getLogger(__name__)
 
 
 def guarded(body: Callable[[], int], os_errors: bool = False) -> int:
@@ -40,9 +43,7 @@ def old_spelling(group: Any, old: str, new: argparse.Action) -> None:
             values: Any,
             option_string: str | None = None,
         ) -> None:
-            print(
-                f"warning: deprecated: {old} is now {target} (the old spelling works for one release)", file=sys.stderr
-            )
+            _log.warning(f"deprecated: {old} is now {target} (the old spelling works for one release)")
             setattr(namespace, self.dest, values if takes_value else new.const)
 
     group.add_argument(

@@ -13,9 +13,9 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import logging
 import math
 import re
-import sys
 import types
 import typing
 from collections.abc import Callable
@@ -28,9 +28,11 @@ import yaml
 from .defaults import DEFAULT_MFU, DEFAULT_RESERVE_MIN
 from .errors import X1Error
 
+_log = logging.getLogger(__name__)
+
 
 def _notice(msg: str) -> None:
-    print(f"warning: deprecated: {msg}", file=sys.stderr)
+    _log.warning(f"deprecated: {msg}")
 
 
 class ConfigError(X1Error):

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+_log = logging.getLogger(__name__)
 
 # -- the environment the watchdog sets for the trainer --
 WATCHDOG_PID_ENV = "X1_WATCHDOG_PID"  # the watchdog's pid: a trainer whose watchdog is gone stops (exit 75)
@@ -179,7 +181,7 @@ def record_exit_status(ckpt_dir: Path | None, code: int, reason: str) -> None:
     try:
         write_exit_status(ckpt_dir, code, reason)
     except OSError as e:
-        print(f"warning: could not record the exit status in {ckpt_dir} ({e})", file=sys.stderr, flush=True)
+        _log.warning(f"could not record the exit status in {ckpt_dir} ({e})")
 
 
 def read_exit_status(path: Path) -> dict[str, Any] | None:

@@ -6,8 +6,10 @@ Every place that prints, alerts, tags, checkpoints or exports a URL passes it th
 
 from __future__ import annotations
 
-import sys
+import logging
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+_log = logging.getLogger(__name__)
 
 MASK = "***"
 # Where credentials go instead of a URL flag (a command line is visible to every local user in ps).
@@ -74,10 +76,8 @@ def warn_if_visible(flag: str, value: str | None, instead: str) -> bool:
     if flag in _warned or not secrets_of(value):
         return False
     _warned.add(flag)
-    print(
-        f"warning: {flag} {url(value)} carries a secret, and a command line is visible to every user of this "
-        f"machine (ps): {instead}",
-        file=sys.stderr,
-        flush=True,
+    _log.warning(
+        f"{flag} {url(value)} carries a secret, and a command line is visible to every user of this "
+        f"machine (ps): {instead}"
     )
     return True

@@ -14,7 +14,7 @@ Accepted forms (the first that applies wins):
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from ..ckpt import checkpoint as ck
 from ..core import config as C
 from ..core.errors import X1Error
+
+_log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +35,7 @@ Warn = Callable[[str], None]
 
 
 def _stderr(msg: str) -> None:
-    print(f"warning: {msg}", file=sys.stderr)
+    _log.warning(msg)
 
 
 CONFIG_HINT = "pass --config configs/x1-50m-a100.yaml (the config the run was trained with)"

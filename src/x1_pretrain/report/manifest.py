@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import math
 import os
 import socket
@@ -32,6 +33,8 @@ from ..core.fileio import sha256_file
 from ..evals.registry import TASKS
 from ..model import flops
 from .runs import MetricPoint, RunRecord
+
+_log = logging.getLogger(__name__)
 
 FORMAT = "x1-run-manifest/1"
 BUNDLE_MODEL = "final.safetensors"
@@ -146,7 +149,7 @@ def _ledger_count(ckpt_dir: Path) -> tuple[float, datetime, Path] | None:
     path = ckpt_dir / LEDGER_FILE
     data, problem = read_ledger(path)
     if problem:
-        print(f"[export] warning: {problem}")
+        _log.warning(problem)
     memory = (data or {}).get("memory") or {}
     spent, at = _finite(memory.get("spent_usd")), parse_time(memory.get("spent_at_utc"))
     return (spent, at, path) if spent is not None and at is not None else None
@@ -178,7 +181,7 @@ def _dollars(
             f"{redact.url(str(source))} was last updated {format_time(sidecar.last_update_utc)}, before the run "
             f"ended ({format_time(ended)}): the spend after it is not in it"
         )
-        print(f"[export] warning: {note}")
+        _log.warning(note)
         out["notes"].append(note)
     counted = None if curr_cost_uri else _ledger_count(final.step_dir.parent)
     if counted is not None and (sidecar is None or stale or sidecar.spent_usd < counted[0]):
@@ -208,7 +211,7 @@ def _dollars(
             "source": f"{redact.url(source)} (the billing sidecar's budget.json, {why})",
         }, _sidecar_provider(source)
     if reading is not None:
-        print(f"[export] warning: {reading.problem}; using the budget snapshot in the final checkpoint")
+        _log.warning(f"{reading.problem}; using the budget snapshot in the final checkpoint")
     if snap is not None:
         good = snap.get("last_good") or {}
         snap_spent = _finite(snap.get("spent_usd"))
@@ -320,8 +323,8 @@ def build(
     model = ModelConfig(**{k: v for k, v in (cfg.get("model") or {}).items() if k in names})
     recomputed = hashlib.sha256(json.dumps(cfg, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     if recomputed != state.get("config_sha256"):
-        print(
-            f"[export] warning: the config in {final.step_dir.name} hashes to {recomputed[:12]}, not the recorded "
+        _log.warning(
+            f"the config in {final.step_dir.name} hashes to {recomputed[:12]}, not the recorded "
             f"{str(state.get('config_sha256'))[:12]}"
         )
     dollars, budget_provider = _dollars(run, final, spent_usd, curr_cost_uri)
