@@ -102,12 +102,21 @@ class S3Server:
             self.proc.wait()
 
 
+_METHODS = (b"GET", b"PUT", b"POST", b"HEAD", b"DELETE")
+
+
+def _in_a_request_line(data: bytes, wanted: tuple[bytes, ...]) -> bool:
+    """Whether an HTTP request line in ``data`` (method and key) holds one of ``wanted``: never a body, whose
+    bytes may name anything (an MLflow store names the checkpoint dirs in its tags)."""
+    return any(w in line for line in data.split(b"\r\n") if line.split(b" ", 1)[0] in _METHODS for w in wanted)
+
+
 class Proxy:
     """A TCP proxy on 127.0.0.1 to ``port``. ``pause()`` stops moving bytes (an upload hangs mid-way, as over a
     dead link); ``resume()`` moves them again; ``refusing`` closes new connections (a store that is down).
-    ``hold_on``: pause when a request carries those bytes (a key), before it reaches the server. ``bytes_up``
-    counts what went to the server. ``listening=False``: the port is bound but refuses connections (ECONNREFUSED, as
-    a store whose server is not up yet) until ``listen()``."""
+    ``hold_on``: pause when a request's line (its method and key) carries those bytes, before it reaches the
+    server. ``bytes_up`` counts what went to the server. ``listening=False``: the port is bound but refuses
+    connections (ECONNREFUSED, as a store whose server is not up yet) until ``listen()``."""
 
     def __init__(self, port: int, listening: bool = True) -> None:
         self.target = port
@@ -160,7 +169,7 @@ class Proxy:
                 if not data:
                     break
                 held = (self.hold_on,) if isinstance(self.hold_on, bytes) else self.hold_on
-                if up and held is not None and any(h in tail + data for h in held):
+                if up and held is not None and _in_a_request_line(tail + data, held):
                     self.hold_on = None
                     self.flowing.clear()
                 tail = data[-256:]

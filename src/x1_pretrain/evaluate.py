@@ -96,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
             return 0
     if args.checkpoint is None:
         raise X1Error("--checkpoint is needed (a step dir, a checkpoint dir or a .safetensors file)")
-    src = resolve(
-        args.checkpoint, args.config, args.set, warn=lambda m: print(f"[evaluate] warning: {m}", file=sys.stderr)
-    )
+    src = resolve(args.checkpoint, args.config, args.set)
     device = pick_device(args.device)
     bf16 = args.precision == "bf16" or (args.precision == "auto" and device.type == "cuda")
     model = load_model(src, device)

@@ -66,9 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from .report.ckpt_source import load_model, resolve
 
     _check(args)
-    src = resolve(
-        args.checkpoint, args.config, args.set, warn=lambda m: print(f"[sample] warning: {m}", file=sys.stderr)
-    )
+    src = resolve(args.checkpoint, args.config, args.set)
     tok = load_gpt2(args.tokenizer_file)
     device = pick_device(args.device)
     model = load_model(src, device)

@@ -220,7 +220,7 @@ def test_throughput_floor_exits_6_in_the_first_hour_and_warns_once_after_it(demo
     base = ["--config", str(TINY), "--data-dir", str(demo_data)]
     code = train.main([*base, "--ckpt-dir", str(tmp_path / "c"), *floor])
     assert code == EXIT_SLOW  # the lab's floor, inside its first hour (the default window)
-    assert "below --min-tokens-per-s 1,000,000,000,000: stopping to diagnose (exit 6)" in capsys.readouterr().out
+    assert "below --min-tokens-per-s 1,000,000,000,000: stopping to diagnose (exit 6)" in capsys.readouterr().err
     code = train.main([*base, "--ckpt-dir", str(tmp_path / "d"), *floor, "--min-tokens-per-s-window-min", "0"])
     err = capsys.readouterr().err  # a warning: on standard error
     assert code == 0 and err.count("WARNING trainer.loop: ") == 1  # one warning for one episode

@@ -618,3 +618,24 @@ def test_the_exit_status_file_lives_in_the_runs_dir_for_its_owner_only(tmp_path)
     status = ckpt.resolve() / probe["path"].rsplit("/", 1)[-1]
     assert probe["path"] == str(status) and status.name.startswith(".watchdog-") and probe["mode"] == 0o600
     assert not status.exists()  # the watchdog's own file goes with it
+
+
+def test_at_warning_level_the_watchdog_still_says_what_ends_stalls_or_bills(capsys, tmp_path):
+    """--log-level warning keeps the lines that matter: a crash loop, a give-up, a non-zero final exit, a full
+    disk, a budget kill, the still-billing note; a relaunch and a clean finish are INFO and drop out."""
+    from x1_pretrain.core.log import setup
+
+    wd = W.Watchdog(["x", "--ckpt-dir", str(tmp_path / "c")], W.WatchdogOptions())
+    setup("warning", info_to="stderr")
+    wd.log("trainer exited with 75; relaunching", event="relaunched")
+    wd.log("trainer exited with 0 (finished); not relaunching", event="final_exit", exit_code=0)
+    for kind in sorted(W.WARNING_EVENTS):
+        wd.log(f"line of {kind}", event=kind)
+    wd.log("trainer exited with 5 (diverged); not relaunching", event="final_exit", exit_code=5)
+    err = capsys.readouterr().err
+    assert "relaunching" not in err.replace("not relaunching", "") and "(finished)" not in err
+    shown = [x.split(" supervise.watchdog: ", 1)[1] for x in err.splitlines()]
+    assert shown == [f"line of {k}" for k in sorted(W.WARNING_EVENTS)] + [
+        "trainer exited with 5 (diverged); not relaunching"
+    ]
+    assert all(" WARNING supervise.watchdog: " in x for x in err.splitlines())

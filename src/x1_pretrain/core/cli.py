@@ -10,6 +10,7 @@ from typing import Any
 
 from .contract import EXIT_UNEXPECTED
 from .errors import X1Error
+from .log import ensure as ensure_logging
 
 _log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def old_spelling(group: Any, old: str, new: argparse.Action) -> None:
             values: Any,
             option_string: str | None = None,
         ) -> None:
+            ensure_logging()  # argparse runs before the command's own setup
             _log.warning(f"deprecated: {old} is now {target} (the old spelling works for one release)")
             setattr(namespace, self.dest, values if takes_value else new.const)
 

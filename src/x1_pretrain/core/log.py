@@ -3,7 +3,8 @@
 Each module logs through its own ``logging.getLogger(__name__)``; a command calls ``setup`` once with its
 ``--log-level``. A line reads ``2026-12-07 10:58:02 INFO    trainer.loop: step 10/100 | loss ...``: time,
 level, component (the module, without the package name), message. Lines below WARNING go to standard output
-(the watchdog's to standard error, which it keeps for its own lines so the trainer's output stays apart);
+(the watchdog's, the billing sidecar's and budget_serve's to standard error: background processes, and the
+watchdog keeps the trainer's standard output apart from its own lines);
 warnings and errors always go to standard error. The streams are looked up at each line, so the
 closed-terminal guard of ``core.console`` (which replaces ``sys.stdout``/``sys.stderr``) covers them.
 
@@ -30,7 +31,7 @@ FORMAT = "%(asctime)s %(levelname)-7s %(component)s: %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 WARNING_PREFIXES = ("warning: ", "WARNING: ")  # dropped: the level says it
 WARNING_WORDS = ("budget warning: ",)  # kept: they name what warns
-ERROR_PREFIXES = ("error: ",)  # dropped
+ERROR_PREFIXES = ("error: ", "ERROR: ")  # dropped
 
 Log = Callable[[str], None]
 
@@ -71,6 +72,13 @@ def setup(level: str = DEFAULT_LEVEL, *, info_to: str = "stdout") -> None:
         logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False
+
+
+def ensure() -> None:
+    """``setup`` at the default level unless a command set the lines up already: for a notice that can come
+    before the command's own ``setup`` (a renamed flag is noticed while argparse parses)."""
+    if not any(isinstance(h, _Stream) for h in logging.getLogger(ROOT).handlers):
+        setup()
 
 
 def add_flag(parser: Any) -> None:

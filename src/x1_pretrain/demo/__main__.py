@@ -21,6 +21,7 @@ from pathlib import Path
 from ..core.log import add_flag as add_log_level
 from ..core.log import setup as setup_logging
 from ..data.demo_corpus import write_demo_corpus
+from . import acts as acts_module
 from .acts import act_budget_runs_short, act_preemption_and_spike, run
 
 REPO_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "x1-tiny-cpu.yaml"
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--acts", default="1,2", help="which acts to play (default 1,2)")
     args = ap.parse_args(argv)
     setup_logging(args.log_level)
+    acts_module.LOG_LEVEL[0] = args.log_level
     out: Path = args.out.resolve()
     if out.exists():
         shutil.rmtree(out)

@@ -28,7 +28,24 @@ PY = sys.executable
 TASKS = "hellaswag,arc_easy,arc_challenge,piqa,winogrande"
 
 
+LOG_LEVEL = ["info"]  # the demo's --log-level, handed to every x1 command it runs
+
+
+def leveled(cmd: list[str]) -> list[str]:
+    """``cmd`` with the demo's ``--log-level`` after each ``-m x1_pretrain.<command>`` in it (the watchdog's and
+    the train command's after ``--``); unchanged at the default level, so the commands read as a user types them."""
+    if LOG_LEVEL[0] == "info":
+        return cmd
+    out: list[str] = []
+    for i, part in enumerate(cmd):
+        out.append(part)
+        if i > 0 and cmd[i - 1] == "-m" and part.startswith("x1_pretrain."):
+            out += ["--log-level", LOG_LEVEL[0]]
+    return out
+
+
 def run(cmd: list[str]) -> int:
+    cmd = leveled(cmd)
     print("\n$ " + " ".join(cmd), flush=True)
     return subprocess.call(cmd)
 
@@ -63,7 +80,7 @@ def under_the_watchdog(train: list[str], ckpt: Path, preempt_at: int | None) -> 
     """Run the trainer under the watchdog; preempt it once at ``preempt_at``, as a spot instance would be."""
     cmd = [PY, "-m", "x1_pretrain.watchdog", "--backoff-s", "1", "--", *train]
     print("\n$ " + " ".join(cmd), flush=True)
-    watchdog = subprocess.Popen(cmd)
+    watchdog = subprocess.Popen(leveled(cmd))
     preempted = preempt_at is None
     while watchdog.poll() is None:
         progress = read_progress(ckpt)

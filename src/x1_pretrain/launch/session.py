@@ -108,7 +108,8 @@ def _launch_gate(
         step_s += evals.per_step_s(step_s)
     plan = bg.LaunchPlan(total_steps=cfg.train.total_steps, steps_done=done, step_s=step_s, resumed=done > 0, fit=b.fit)
     if opts.dry_run_budget:
-        return bg.dry_run(setup.curr_cost_uri, limits, plan, b.max_rate_usd_per_hr, setup.alerter, log), "dry run"
+        # the dry run's report is the command's result, not a log line: printed whatever --log-level says
+        return bg.dry_run(setup.curr_cost_uri, limits, plan, b.max_rate_usd_per_hr, setup.alerter, print), "dry run"
     if not setup.alerter.channels():
         log(
             "WARNING: the budget guard is on but NO ALERT CHANNEL is configured: budget stops, a falling or unknown "
@@ -443,7 +444,7 @@ def _first_check(ctx: Context, built: Built, cap_set: bool) -> tuple[int, str, f
         built.guard.monitor.note_step(built.state.step, built.run.end_step, 0.0)
         code, reason, spent = built.guard.first_check()
         if code:
-            ctx.log(f"{reason} (before training; exit {code})")
+            ctx.log(f"warning: {reason} (before training; exit {code})")
         elif built.guard.proposed_end:
             built.run.proposed_end, built.guard.proposed_end = built.guard.proposed_end, 0
     if cap_set:
@@ -480,7 +481,8 @@ def run_training(ctx: Context, cap_set: bool) -> int:
         # A budget stop with a checkpoint is a planned end of the run (and what export_run exports).
         status = "FINISHED" if outcome.exit_code in (0, EXIT_BUDGET_CHECKPOINT) else "KILLED"
         built.tracker.set_tags({N.TAG_END_REASON: outcome.reason[:4000], N.TAG_EXIT_CODE: outcome.exit_code})
-        ctx.log(f"{outcome.reason} at step {outcome.step}: exit {outcome.exit_code}")
+        ended = f"{outcome.reason} at step {outcome.step}: exit {outcome.exit_code}"
+        ctx.log(ended if outcome.exit_code == 0 else f"warning: {ended}")  # a stop says why at any level
         if built.guard is not None and outcome.exit_code in (EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW):
             last = built.guard.monitor.last
             written = (

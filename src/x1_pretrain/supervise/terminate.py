@@ -186,7 +186,7 @@ def _kept(end: EndOfBill, what: str, why: str, log: Callable[[str], None], alert
         f"{why}, so {what} was NOT terminated. It keeps billing {_billing(end)} until you terminate it from "
         "the provider's dashboard."
     )
-    log(msg)
+    log(f"warning: {msg}")
     alerter.send_within(subject, msg)
     return False
 
@@ -236,7 +236,7 @@ def end_the_bill(
         answer = end.source.terminate()
     except (PollError, SelectionError) as e:
         msg = f"terminating {what} FAILED ({e}); terminate it from the provider's dashboard now: it keeps billing"
-        log(msg)
+        log(f"error: {msg}")
         alerter.send_within("x1: terminate FAILED", msg)
         return False
     msg = (

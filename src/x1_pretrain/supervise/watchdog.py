@@ -62,6 +62,10 @@ _log = logging.getLogger(__name__)
 _say = as_log(_log)
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# events whose line is a warning: the run stopped, stalled or failed, or a machine bills with nothing running
+WARNING_EVENTS = frozenset(
+    {"budget_kill", "crash_loop", "gave_up", "disk_full", "store_unavailable", "no_rendezvous", "still_billing"}
+)
 DISK_REMINDER_S = 600.0  # while the watchdog waits for space on a full disk, a log line this often
 
 
@@ -97,8 +101,13 @@ class Watchdog:
 
     def log(self, msg: str, **event: Any) -> None:
         """A console line (never raises: ``core.console`` diverts a closed terminal) and, with ``event``, a JSON
-        line in ``--events-file``."""
-        _say(msg)
+        line in ``--events-file``. The event says the level: what ends or stalls the run, or keeps a machine
+        billing, is a WARNING (``--log-level warning`` shows it), the rest INFO."""
+        kind, code = event.get("event"), event.get("exit_code")
+        if kind in WARNING_EVENTS or (kind == "final_exit" and code not in (None, 0)):
+            _log.warning(msg)
+        else:
+            _say(msg)
         if self.opts.events_file is not None and event:
             try:
                 with open(self.opts.events_file, "a") as f:
@@ -247,7 +256,7 @@ class Watchdog:
         try:
             child.wait(timeout=self.opts.budget_line.kill_grace_s if self.opts.budget_line else 10.0)
         except subprocess.TimeoutExpired:
-            self.log("the trainer did not end within the grace: SIGKILL")
+            self.log("warning: the trainer did not end within the grace: SIGKILL")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
 

@@ -138,7 +138,8 @@ class BudgetControl(Callback):
         self.request = (EXIT_BUDGET_CHECKPOINT, f"budget: {reason}")
         wait = self.setup.cfg.stop_wait_s
         self.log(
-            f"{reason}: stopping at the next step boundary with a checkpoint (exit 3 if one comes within {wait:g} s)"
+            f"warning: {reason}: stopping at the next step boundary with a checkpoint (exit 3 if one comes within "
+            f"{wait:g} s)"
         )
         self._timer = threading.Timer(wait, self._no_boundary, args=(reason, wait))
         self._timer.daemon = True

@@ -117,7 +117,7 @@ class ThroughputFloor(Callback):
         )
         in_window = state.train_time_s <= cfg.min_tokens_per_s_window_min * 60
         if in_window or cfg.min_tokens_per_s_always:
-            run.console(f"{what}: stopping to diagnose (exit 6)")
+            run.console(f"warning: {what}: stopping to diagnose (exit 6)")
             return Outcome(EXIT_SLOW, "throughput below floor", state.step), True
         if not self.below:
             self.below = True
