@@ -167,7 +167,9 @@ def test_a_disk_that_fills_under_the_trainer_ends_with_exit_7_and_the_last_good_
         code = proc.wait(timeout=120)
     text = log.read_text()
     assert code == 7, text[-3000:]
-    failed = [x for x in text.splitlines() if "could not be written to" in x and "ERROR: checkpoint" in x]
+    failed = [
+        x for x in text.splitlines() if "could not be written to" in x and " ERROR   launch.session: checkpoint" in x
+    ]
     assert failed and all("No space left on device" in x for x in failed), text[-3000:]
     assert any("(final) could not be written" in x for x in failed)
     assert f"Exit 7: the watchdog relaunches from the last complete checkpoint ({kept})" in text

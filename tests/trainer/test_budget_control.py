@@ -277,7 +277,7 @@ def test_unknown_spend_is_counted_across_restarts(demo_data, tmp_path, capsys):
     )
     out = capsys.readouterr()
     assert third == 3, out.out[-2000:] + out.err[-2000:]
-    assert "spend unknown" in out.out and "before training" in out.out
+    assert "spend unknown" in out.err and "before training" in out.err  # a stop: a warning
     assert (ckpt / "final.safetensors").exists()  # the run ends at its last checkpoint
 
 
