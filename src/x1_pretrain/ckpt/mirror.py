@@ -30,6 +30,7 @@ from typing import Any
 from ..budget import ledger
 from ..budget.ledger import LEDGER_FILE
 from ..core import names as N
+from ..core.log import Log
 from . import checkpoint as ck
 from . import run_owner
 from .objstore import MISSING_KEY_CODES, Store, StoreError, scrub
@@ -40,8 +41,6 @@ MLFLOW_DB = N.MLFLOW_DB
 MLFLOW_FILES = "mlruns"  # a file:// MLflow store goes up file by file under this key
 BACKOFF_S = (2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
 UPLOAD_PROCESS_MIN_BYTES = 1 << 20  # with upload_process: files this large go up from the child process
-
-Log = Callable[[str], None]
 
 
 @dataclass

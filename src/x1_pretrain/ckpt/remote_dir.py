@@ -18,15 +18,14 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from ..core.errors import X1Error
 from ..core.fileio import inside, pid_alive, sha256_file
+from ..core.log import Log
 from .objstore import Store, StoreError
 
 MANIFEST = "x1-dir.json"
-Log = Callable[[str], None]
 
 
 class PullFailed(Exception):

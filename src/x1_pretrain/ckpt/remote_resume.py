@@ -17,7 +17,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,12 +26,12 @@ from ..budget.ledger import LEDGER_FILE, merge, parse_text, read, spent
 from ..core.contract import EXIT_INTERRUPTED, EXIT_STORE_UNAVAILABLE, EXIT_UNEXPECTED
 from ..core.errors import X1Error
 from ..core.fileio import fsync_dir, inside, replace_dir, write_text_atomic
+from ..core.log import Log
 from . import checkpoint as ck
 from . import run_owner
 from .mirror import MLFLOW_DB, MLFLOW_FILES, MlflowStore
 from .objstore import Store, StoreError, launch_error
 
-Log = Callable[[str], None]
 _HOSTILE = "x1 never writes such a key (someone with write access to the bucket did); delete it from the bucket"
 
 

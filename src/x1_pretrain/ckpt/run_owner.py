@@ -15,11 +15,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 from ..core.errors import X1Error
 from ..core.fileio import write_text_atomic
+from ..core.log import Log
 from . import checkpoint as ck
 from .objstore import Store, StoreError
 from .remote_dir import RUN_FILE, RUN_ID_ENV, given_run_id, run_id_in, run_id_of_dir
@@ -27,8 +27,6 @@ from .remote_dir import RUN_FILE, RUN_ID_ENV, given_run_id, run_id_in, run_id_of
 OWNER = RUN_FILE  # "x1-run.json": in the checkpoint dir and under the prefix
 FORMAT = "x1-run/1"
 META_KEY = "x1-run"  # the user metadata every mirrored object carries: the id of the run that wrote it
-
-Log = Callable[[str], None]
 
 
 def new_run_id() -> str:

@@ -22,13 +22,11 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..core.log import Log
 from .objstore import RemoteURL, Store, StoreError, scrub
-
-Log = Callable[[str], None]
 
 
 class UploadProcess:

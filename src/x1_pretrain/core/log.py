@@ -96,13 +96,10 @@ def as_log(logger: logging.Logger) -> Log:
     WARNING for one that begins with ``warning:`` (the prefix dropped: the level says it) or ``budget warning:``."""
 
     def log(msg: str) -> None:
-        for prefix in ERROR_PREFIXES:
-            if msg.startswith(prefix):
-                logger.error(msg[len(prefix) :])
-                return
-        for prefix in WARNING_PREFIXES:
-            if msg.startswith(prefix):
-                logger.warning(msg[len(prefix) :])
+        for prefixes, emit in ((ERROR_PREFIXES, logger.error), (WARNING_PREFIXES, logger.warning)):
+            prefix = next((p for p in prefixes if msg.startswith(p)), None)
+            if prefix is not None:
+                emit(msg[len(prefix) :])
                 return
         if msg.startswith(WARNING_WORDS):
             logger.warning(msg)

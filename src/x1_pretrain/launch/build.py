@@ -23,7 +23,7 @@ from ..core import contract, redact
 from ..core import names as N
 from ..core.env import machine, versions
 from ..core.errors import X1Error
-from ..core.log import as_log
+from ..core.log import Log, as_log
 from ..data.tokens import Prefetcher, Sampler, TokenData, gather, open_token_data, val_starts
 from ..model import flops
 from ..model.transformer import Transformer, state_dict_for_saving
@@ -57,8 +57,6 @@ from ..trainer.tracking import resolve_uri
 from .options import TrainOptions, eval_cost
 from .resume import RankStart, Resume, agree_on_checkpoint, find_resume, restore
 from .run_record import kernel_tags, open_tracker, restarts, run_tags_device, tag_final
-
-Log = Callable[[str], None]
 
 
 @dataclass

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,9 @@ from ..ckpt import checkpoint as ck
 from ..core import config as C
 from ..core.errors import RankLost, X1Error
 from ..core.fileio import replace_dir, write_text_atomic
+from ..core.log import Log
 from ..trainer import distributed
 from ..trainer.loop import LoopState
-
-Log = Callable[[str], None]
 
 
 @dataclass

@@ -11,7 +11,6 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from ..core.contract import (
 )
 from ..core.errors import CheckpointFailed, RankLost, X1Error
 from ..core.fileio import disk_full
-from ..core.log import as_log
+from ..core.log import Log, as_log
 from ..core.names import EXPERIMENT
 from ..model import flops
 from ..supervise.lock import RunLock
@@ -53,8 +52,6 @@ from .options import TrainOptions, eval_cost, warn_visible_secrets
 from .run_record import tag_final
 
 _log = logging.getLogger(__name__)
-
-Log = Callable[[str], None]
 
 
 console = as_log(_log)  # rank 0's lines

@@ -34,12 +34,12 @@ from ..core import contract, redact
 from ..core import names as N
 from ..core.config import BudgetConfig, OptimConfig
 from ..core.contract import EXIT_BUDGET_CHECKPOINT, EXIT_BUDGET_NOW
+from ..core.log import Log
 from .loop import Callback, Outcome, Verdict
 from .schedule import Horizon, fitted_end, planned, retarget
 
 _log = logging.getLogger(__name__)
 
-Log = Callable[[str], None]
 ALERT_DEADLINE_S = 15.0
 
 

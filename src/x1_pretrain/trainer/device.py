@@ -11,8 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..core.errors import X1Error
-
-Log = Callable[[str], None]
+from ..core.log import Log
 
 
 def seed_everything(seed: int) -> None:
