@@ -96,21 +96,40 @@ def test_two_ranks_match_one_process(single_run, two_ranks):
     assert [p.name for _, p in ck.list_step_dirs(two)] == ["step_0000004", "step_0000008"]
 
 
-def test_a_stop_on_two_ranks_resumes_bit_for_bit(demo_data, two_ranks, tmp_path):
-    """The same job, SIGTERM to torchrun after its step-4 checkpoint (forwarded to both ranks: exit 75 and a stop
-    checkpoint), resumed with the same world size: the final weights equal the uninterrupted run's bit for bit."""
-    three = tmp_path / "three"
-    proc = start(
-        ddp_cmd(demo_data, three, STEPS, *MICRO, "--set", "checkpoint.async_save=false", ckpt_every=4),
-        tmp_path / "three.log",
-    )
-    wait_for(lambda: progress_step(three) >= 5, proc=proc, timeout=180)
-    proc.send_signal(signal.SIGTERM)  # to torchrun, which forwards it to both ranks
-    proc.wait(timeout=120)
-    status = json.loads((three / "exit_status.json").read_text())
+@pytest.fixture(scope="module")
+def stopped_two_ranks(demo_data, tmp_path_factory) -> Path:
+    """The same job on 2 ranks, SIGTERM to torchrun after its step-4 checkpoint (forwarded to both ranks): the
+    checkpoint dir it leaves; made once a session, read, never changed (a test that resumes copies it)."""
+
+    def build(d: Path) -> None:
+        three = d / "three"
+        proc = start(
+            ddp_cmd(demo_data, three, STEPS, *MICRO, "--set", "checkpoint.async_save=false", ckpt_every=4),
+            d / "three.log",
+        )
+        wait_for(lambda: progress_step(three) >= 5, proc=proc, timeout=180)
+        proc.send_signal(signal.SIGTERM)  # to torchrun, which forwards it to both ranks
+        proc.wait(timeout=120)
+
+    return shared_build(tmp_path_factory, "distributed-stopped", build) / "three"
+
+
+def test_a_sigterm_to_torchrun_stops_both_ranks_with_exit_75_and_a_stop_checkpoint(stopped_two_ranks):
+    """torchrun forwards the SIGTERM; both ranks stop at a step boundary, rank 0 writes the stop checkpoint past
+    the periodic one and reports exit 75 (preempted: relaunch with --resume-from-latest)."""
+    status = json.loads((stopped_two_ranks / "exit_status.json").read_text())
     assert status["exit_code"] == 75
-    stopped = ck.read_latest(three)
+    stopped = ck.read_latest(stopped_two_ranks)
     assert stopped is not None and int(stopped.split("_")[1]) >= 5
+    assert "step_0000004" in [p.name for _, p in ck.list_step_dirs(stopped_two_ranks)]
+    assert not (stopped_two_ranks / "final.safetensors").exists()
+
+
+def test_a_stop_on_two_ranks_resumes_bit_for_bit(demo_data, two_ranks, stopped_two_ranks, tmp_path):
+    """The stopped job resumed with the same world size: the final weights equal the uninterrupted run's bit for
+    bit."""
+    three = tmp_path / "three"
+    shutil.copytree(stopped_two_ranks, three, ignore=shutil.ignore_patterns("*.lock"))
     r = subprocess.run(
         ddp_cmd(demo_data, three, STEPS, *MICRO, "--resume-from-latest", ckpt_every=4),
         capture_output=True,
@@ -118,6 +137,7 @@ def test_a_stop_on_two_ranks_resumes_bit_for_bit(demo_data, two_ranks, tmp_path)
         cwd=REPO,
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert f"resuming from {three / ck.read_latest(stopped_two_ranks)}" in r.stdout
     w2 = safetensors_io.load(two_ranks[0] / "final.safetensors")
     w3 = safetensors_io.load(three / "final.safetensors")
     assert all(torch.equal(w2[k], w3[k]) for k in w2)
