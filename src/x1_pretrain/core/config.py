@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import math
-import re
 import types
 import typing
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from typing import Any, Literal
 
 import yaml
 
+from .config_rules import validate
 from .defaults import DEFAULT_MFU, DEFAULT_RESERVE_MIN
 from .errors import X1Error
 
@@ -53,11 +53,11 @@ class ModelConfig:
     d_ff: int = 2048  # SwiGLU hidden width
     seq_len: int = 1024  # context length in tokens
     vocab_size: int = 50257  # GPT-2 BPE
-    norm: Literal["rmsnorm"] = "rmsnorm"
-    norm_eps: float = 1e-5
-    activation: Literal["swiglu"] = "swiglu"
-    pos_enc: Literal["rope"] = "rope"
-    rope_base: float = 10000.0
+    norm: Literal["rmsnorm"] = "rmsnorm"  # the only norm (Llama's RMSNorm, pre-norm)
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    activation: Literal["swiglu"] = "swiglu"  # the MLP: SwiGLU (gate, up, down)
+    pos_enc: Literal["rope"] = "rope"  # rotary position embeddings
+    rope_base: float = 10000.0  # RoPE frequency base (theta)
     init_std: float = 0.02  # normal init of every weight matrix and the embedding
     tie_embeddings: bool = True  # LM head shares the token embedding
     vocab_pad_multiple: int = 128  # embedding/head rows rounded up to this inside the model (1: none); the
@@ -71,18 +71,27 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    lr: float = 3e-4  # peak learning rate
+    name: Literal["adamw", "muon"] = "adamw"  # muon: Muon on the hidden matrices, AdamW (below) on the rest
+    lr: float = 3e-4  # peak learning rate (AdamW's; the schedule scales optim.muon_lr by the same factor)
     min_lr: float = 3e-5  # cosine floor
     warmup_steps: int = 1000  # linear warmup from lr/warmup_steps to lr
     schedule: Literal["cosine", "constant", "wsd"] = "cosine"  # wsd: warmup-stable-decay (trainer/schedule.py)
     decay_fraction: float = 0.2  # wsd: the share of the run spent decaying to min_lr
     decay_shape: Literal["linear", "1-sqrt", "cosine"] = "1-sqrt"  # wsd: the decay's shape
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
+    beta1: float = 0.9  # AdamW first-moment decay
+    beta2: float = 0.95  # AdamW second-moment decay
+    eps: float = 1e-8  # AdamW denominator epsilon
     weight_decay: float = 0.1  # on 2-D weight matrices; never on norm gains
     decay_embedding: bool = False  # weight decay on the (tied) token embedding
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    muon_lr: float = 0.02  # muon: peak learning rate of the hidden matrices (docs/performance.md, optimizer A/B)
+    muon_momentum: float = 0.95  # muon: momentum of the update's running mean
+    muon_nesterov: bool = True  # muon: Nesterov momentum
+    muon_weight_decay: float = 0.0  # muon: decoupled decay of the hidden matrices (lr * wd a step)
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"  # muon: per-shape step size;
+    # original: sqrt(max(1, rows/cols)); match_rms_adamw: 0.2 sqrt(max(rows, cols)), AdamW-sized lr and decay
+    muon_ns_steps: int = 5  # muon: Newton–Schulz rounds per update
+    muon_impl: Literal["auto", "torch", "x1"] = "auto"  # muon: torch.optim.Muon where torch has it (auto), else x1's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,10 +101,12 @@ class TrainConfig:
     micro_batch_size: int = 32  # sequences per forward/backward on one device
     grad_accum_steps: int = 0  # micro-batches per step over all ranks = batch_size / micro_batch_size
     # (0: derived; each of N ranks runs grad_accum_steps / N of them)
-    seed: int = 42
+    seed: int = 42  # one seed for init, data order and every random stream
     precision: Literal["bf16", "fp32"] = "bf16"  # bf16 autocast with fp32 master weights, or plain fp32
-    compile: bool = True
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "max-autotune"
+    compile: bool = True  # torch.compile the model (--compile / --no-compile)
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = (
+        "max-autotune"  # torch.compile mode
+    )
     attention: Literal["flash", "sdpa"] = "flash"  # flash-attn when available on CUDA, else SDPA
     sdpa_cudnn: bool = False  # let SDPA pick cuDNN attention (off: open gradient reports, pytorch #150700)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -289,145 +300,6 @@ def from_dict(data: Any, source: str = "config", world_size: int = 1) -> Config:
     if problems:
         raise ConfigError(problems, source)
     return cfg
-
-
-def batch_problems(batch: int, micro: int, accum: int, world_size: int = 1) -> list[str]:
-    """The global batch is ``accum`` micro-batches of ``micro`` sequences, shared out over the ranks."""
-    if batch <= 0 or micro <= 0:
-        return []
-    if batch % micro:
-        return [
-            f"train.batch_size: {batch} is not a multiple of train.micro_batch_size {micro}; choose a "
-            f"micro-batch that divides it"
-        ]
-    chunks = batch // micro
-    if accum != chunks:
-        return [
-            f"train.grad_accum_steps: {accum} disagrees with train.batch_size {batch} / train.micro_batch_size "
-            f"{micro} = {chunks} micro-batches a step; leave grad_accum_steps out (it is derived) or set it to "
-            f"{chunks} (with N ranks each runs {chunks}/N)"
-        ]
-    if world_size > 1 and chunks % world_size:
-        fits = [n for n in range(1, chunks + 1) if chunks % n == 0 and n <= 64]
-        return [
-            f"train.batch_size: {batch} / train.micro_batch_size {micro} = {chunks} micro-batches a step cannot "
-            f"be shared out over {world_size} ranks; run on {', '.join(map(str, fits))} ranks, or choose a "
-            "micro_batch_size that gives a multiple of the rank count"
-        ]
-    return []
-
-
-def validate(cfg: Config, world_size: int = 1) -> list[str]:
-    """Cross-field rules. Returns every problem found (empty when the config is coherent)."""
-    m, o, t = cfg.model, cfg.optim, cfg.train
-    p: list[str] = []
-    for key in ("n_layer", "d_model", "n_head", "n_kv_head", "d_ff", "seq_len", "vocab_size"):
-        if getattr(m, key) <= 0:
-            p.append(f"model.{key}: must be positive, got {getattr(m, key)}")
-    if m.n_head > 0 and m.d_model % m.n_head:
-        p.append(f"model.d_model: {m.d_model} is not divisible by model.n_head {m.n_head}")
-    elif m.n_head > 0 and m.head_dim % 2:
-        p.append(f"model.d_model: head_dim {m.head_dim} must be even for RoPE")
-    if m.n_kv_head > 0 and m.n_head % m.n_kv_head:
-        p.append(f"model.n_head: {m.n_head} is not divisible by model.n_kv_head {m.n_kv_head}")
-    if m.vocab_size > 65536:
-        p.append(f"model.vocab_size: {m.vocab_size} does not fit the uint16 token files (max 65536)")
-    if m.init_std <= 0 or m.norm_eps <= 0 or m.rope_base <= 0:
-        p.append("model.init_std, model.norm_eps and model.rope_base must be positive")
-    if not 1 <= m.vocab_pad_multiple <= 1024:
-        p.append(
-            f"model.vocab_pad_multiple: must be in [1, 1024] (1 turns padding off; 128 suits tensor cores), "
-            f"got {m.vocab_pad_multiple}"
-        )
-    if o.lr <= 0:
-        p.append(f"optim.lr: must be positive, got {o.lr}")
-    if not 0 <= o.min_lr <= o.lr:
-        p.append(f"optim.min_lr: must be in [0, optim.lr={o.lr}], got {o.min_lr}")
-    if not 0 < o.decay_fraction <= 1:
-        p.append(f"optim.decay_fraction: must be in (0, 1], got {o.decay_fraction}")
-    if o.warmup_steps < 0:
-        p.append(f"optim.warmup_steps: must be >= 0, got {o.warmup_steps}")
-    for key in ("beta1", "beta2"):
-        if not 0 <= getattr(o, key) < 1:
-            p.append(f"optim.{key}: must be in [0, 1), got {getattr(o, key)}")
-    if o.weight_decay < 0 or o.grad_clip < 0 or o.eps <= 0:
-        p.append("optim.weight_decay and optim.grad_clip must be >= 0 and optim.eps > 0")
-    for key in (
-        "total_steps",
-        "batch_size",
-        "micro_batch_size",
-        "log_every",
-        "eval_every",
-        "eval_batches",
-        "prefetch",
-        "throughput_window",
-        "loss_chunk_tokens",
-    ):
-        if getattr(t, key) <= 0:
-            p.append(f"train.{key}: must be positive, got {getattr(t, key)}")
-    p.extend(batch_problems(t.batch_size, t.micro_batch_size, t.grad_accum_steps, world_size))
-    s = cfg.spike
-    if not 0 < s.ema_alpha <= 1:
-        p.append(f"spike.ema_alpha: must be in (0, 1], got {s.ema_alpha}")
-    if s.baseline_steps < 1 or s.grad_window < 1 or s.loss_sigma <= 0 or s.grad_factor <= 1 or s.min_loss_jump < 0:
-        p.append(
-            "spike: baseline_steps and grad_window must be >= 1, loss_sigma > 0, grad_factor > 1, min_loss_jump >= 0"
-        )
-    c = cfg.checkpoint
-    if c.keep_last < 1:
-        p.append(f"checkpoint.keep_last: must be at least 1, got {c.keep_last}")
-    if c.every_steps <= 0:
-        p.append(f"checkpoint.every_steps: must be positive, got {c.every_steps}")
-    if c.every_min < 0:
-        p.append(f"checkpoint.every_min: must be >= 0 (0 turns the wall-clock cadence off), got {c.every_min}")
-    if not 0 <= c.remote_wait_min <= 24 * 60:
-        p.append(
-            f"checkpoint.remote_wait_min: must be between 0 (no wait: exit 8 at once) and 1440 minutes, got "
-            f"{c.remote_wait_min}"
-        )
-    if c.remote is not None and not re.match(r"^s3://[^/]+", c.remote):
-        p.append(f"checkpoint.remote: expected s3://BUCKET/PREFIX (or null: no mirror), got {c.remote!r}")
-    if t.min_tokens_per_s_window_min < 0:
-        p.append(f"train.min_tokens_per_s_window_min: must be >= 0, got {t.min_tokens_per_s_window_min}")
-    if t.min_tokens_per_s is not None and t.min_tokens_per_s <= 0:
-        p.append(f"train.min_tokens_per_s: must be positive when set, got {t.min_tokens_per_s}")
-    if t.eval_tasks_every < 0 or t.eval_tasks_max_s <= 0 or (t.eval_tasks_limit is not None and t.eval_tasks_limit < 1):
-        p.append(
-            f"train.eval_tasks_every must be >= 0 (0: at the end only), train.eval_tasks_max_s positive and "
-            f"train.eval_tasks_limit at least 1 when set; got {t.eval_tasks_every}, {t.eval_tasks_max_s}, "
-            f"{t.eval_tasks_limit}"
-        )
-    if t.device != "auto" and t.device != "cpu" and not t.device.startswith("cuda"):
-        p.append(f"train.device: {t.device!r} is not auto, cpu, cuda or cuda:N")
-    return p + _budget_problems(cfg.budget, o)
-
-
-def _budget_problems(b: BudgetConfig, o: OptimConfig) -> list[str]:
-    p: list[str] = []
-    if b.cap_usd is not None and b.cap_usd <= 0:
-        p.append(f"budget.cap_usd: must be positive (or null: no guard), got {b.cap_usd}")
-    if b.cap_usd is not None and not 0 <= b.alert_usd < b.cap_usd:
-        p.append(
-            f"budget.alert_usd: {b.alert_usd} must be below budget.cap_usd {b.cap_usd} and >= 0 "
-            "(--budget-alert-usd, --budget-cap-usd)"
-        )
-    for key in ("check_every_min", "sidecar_interval_min", "unknown_grace_min", "stop_wait_s", "max_rate_usd_per_hr"):
-        if getattr(b, key) <= 0:
-            p.append(f"budget.{key}: must be positive, got {getattr(b, key)}")
-    for key in ("buffer_usd", "reserve_min"):
-        if getattr(b, key) < 0:
-            p.append(f"budget.{key}: must be >= 0, got {getattr(b, key)}")
-    for key in ("max_hours", "expected_step_s"):
-        if getattr(b, key) is not None and getattr(b, key) <= 0:
-            p.append(f"budget.{key}: must be positive when set, got {getattr(b, key)}")
-    if not 0 < b.assumed_mfu <= 1:
-        p.append(f"budget.assumed_mfu: must be in (0, 1], got {b.assumed_mfu}")
-    if b.fit and o.schedule != "wsd":
-        p.append(
-            f"budget.fit: needs optim.schedule 'wsd', not {o.schedule!r} (a cosine's shape depends on "
-            "a total that is not known in advance); use --set optim.schedule=wsd"
-        )
-    return p
 
 
 # Keys that moved: the old spelling is still read, for one release, with a one-line notice (old -> new).

@@ -39,6 +39,7 @@ TRAIN_LOSS = "train/loss"
 TRAIN_LR = "train/lr"
 TRAIN_MFU = "train/mfu"
 TRAIN_MFU_LAB_6N = "train/mfu_lab_6n"
+TRAIN_MFU_NEWTON_SCHULZ = "train/mfu_newton_schulz"  # Muon's orthogonalisation, apart from the model's FLOPs
 TRAIN_PARAM_NORM = "train/param_norm"
 TRAIN_PEAK_MEM_GIB = "train/peak_mem_gib"
 TRAIN_STEP_TIME_S = "train/step_time_s"
@@ -69,6 +70,7 @@ METRICS = frozenset(
         TRAIN_LR,
         TRAIN_MFU,
         TRAIN_MFU_LAB_6N,
+        TRAIN_MFU_NEWTON_SCHULZ,
         TRAIN_PARAM_NORM,
         TRAIN_PEAK_MEM_GIB,
         TRAIN_STEP_TIME_S,

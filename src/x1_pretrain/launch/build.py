@@ -42,7 +42,7 @@ from ..trainer.device import (
 )
 from ..trainer.distributed import World
 from ..trainer.loop import LoopState, Run, StepMetrics, StopFlag
-from ..trainer.optim import build_optimizer
+from ..trainer.optim import build_optimizer, describe, newton_schulz_flops_per_step
 from ..trainer.schedule import Horizon, planned
 from ..trainer.spike import (
     SpikeDetector,
@@ -132,7 +132,7 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
     optimizer = build_optimizer(model, cfg, device)
     state = LoopState()
     if resume.found is not None:
-        state = restore(resume.found, model, optimizer, device)
+        state = restore(resume.found, model, optimizer, device, log if resume.reset_optimizer else None)
         log(f"resuming from {resume.found.path} at step {state.step} ({state.tokens_seen:,} tokens seen)")
     dev_name = run_tags_device(device)
     log(
@@ -143,6 +143,14 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
         cfg.model, dev_name if device.type == "cuda" else None, ctx.opts.peak_tflops
     ).splitlines():
         log(line)
+    log(describe(optimizer))
+    ns = newton_schulz_flops_per_step(optimizer)
+    if ns:
+        step_model = flops.flops_per_token(cfg.model).honest * cfg.tokens_per_step() / ctx.world.size
+        log(
+            f"Newton–Schulz: {ns:.3e} FLOPs a step on each rank ({ns / step_model:.2%} of the model's "
+            f"{step_model:.3e}), logged apart as {N.TRAIN_MFU_NEWTON_SCHULZ}"
+        )
     forward: Any = model
     if ctx.world.size > 1:
         # broadcast_buffers off: the only buffers are the RoPE tables, the same on every rank. (Newer torch
@@ -405,9 +413,7 @@ def _compile_fallback_report(ctx: Context, tracker: Any, alert: Any) -> Any:
 
 def _resume(ctx: Context, data: TokenData) -> Resume:
     """Where this run starts; with several ranks, where all of them start (``resume.agree_on_checkpoint``)."""
-    find = partial(
-        find_resume, ctx.ckpt_dir, ctx.opts.resume, ctx.opts.allow_config_change, ctx.cfg, data, ctx.log, ctx.world.size
-    )
+    find = partial(find_resume, ctx.ckpt_dir, ctx.opts, ctx.cfg, data, ctx.log, ctx.world.size)
     if ctx.world.size == 1:
         return find()
     resume, problem = Resume(), None  # only rank 0 refuses a fresh start over old checkpoints
@@ -517,6 +523,7 @@ def build_run(ctx: Context) -> Built:
         checkpointer=checkpointer,
         callbacks=callbacks,
         lab_flops_per_token=fpt.lab_6n,
+        optimizer_flops_per_step=newton_schulz_flops_per_step(optimizer),
         horizon=_horizon(cfg, resume),
         alert=alert,
     )

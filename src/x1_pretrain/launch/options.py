@@ -42,6 +42,7 @@ class TrainOptions:
     run_name: str | None = None
     resume: bool = False
     allow_config_change: bool = False
+    reset_optimizer: bool = False  # resume without the checkpoint's optimizer state
     peak_tflops: float | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # config keys set by flags
     sets: tuple[str, ...] = ()  # --set section.key=value, applied last
@@ -153,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-config-change",
         action="store_true",
         help="resume even if the config or data differ from the checkpoint's (logged as a tag)",
+    )
+    p.add_argument(
+        "--reset-optimizer",
+        action="store_true",
+        help="resume the weights, step, data position and RNG but not the optimizer's state: the optimizer "
+        "starts from zero moments (what it drops is logged); needed to resume with another optim.name",
     )
     _budget_flags(p.add_argument_group("budget guard (see docs/budget.md)"))
     s = p.add_argument_group("loss spikes")
@@ -345,6 +352,7 @@ def options_from(args: argparse.Namespace) -> TrainOptions:
         run_name=args.run_name,
         resume=args.resume_from_latest,
         allow_config_change=args.allow_config_change,
+        reset_optimizer=args.reset_optimizer,
         peak_tflops=args.peak_tflops,
         overrides={k: v for k, v in pairs.items() if v is not None},
         sets=tuple(args.set),

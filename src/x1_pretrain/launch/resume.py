@@ -17,22 +17,25 @@ from ..core.fileio import replace_dir, write_text_atomic
 from ..core.log import Log
 from ..trainer import distributed
 from ..trainer.loop import LoopState
+from ..trainer.optim import OptimizerMismatch, running_optimizer, saved_optimizer
 
 
 @dataclass
 class Resume:
     found: ck.Found | None = None  # the checkpoint resumed from (None: a fresh run)
     changes: list[str] = field(default_factory=list)  # config/data changes allowed by --allow-config-change
+    reset_optimizer: bool = False  # --reset-optimizer: the checkpoint's optimizer state is not loaded
 
     @property
     def state(self) -> dict[str, Any]:
         return self.found.state if self.found is not None else {}
 
 
-def find_resume(
-    ckpt_dir: Path, resume: bool, allow_change: bool, cfg: C.Config, data: Any, log: Log, world_size: int = 1
-) -> Resume:
-    if not resume:
+def find_resume(ckpt_dir: Path, opts: Any, cfg: C.Config, data: Any, log: Log, world_size: int = 1) -> Resume:
+    """Where the run in ``ckpt_dir`` starts, as ``opts`` (the trainer's options: ``resume``,
+    ``allow_config_change``, ``reset_optimizer``) ask."""
+    reset_optimizer = opts.reset_optimizer
+    if not opts.resume:
         existing = ck.list_step_dirs(ckpt_dir)
         if existing:
             raise X1Error(
@@ -44,7 +47,7 @@ def find_resume(
     if found is None:
         log(f"no complete checkpoint in {ckpt_dir} yet: starting fresh")
         return Resume()
-    changes = check_compatible(found, cfg, data, allow_change, log)
+    changes = check_compatible(found, cfg, data, opts.allow_config_change, log, reset_optimizer)
     saved_world = int(found.state.get("world_size") or 1)
     if saved_world != world_size:
         t = cfg.train
@@ -54,7 +57,7 @@ def find_resume(
             f"{t.grad_accum_steps // world_size} a rank) and the same sequences at every step; the weights follow "
             "an uninterrupted run to float rounding (bitwise only on the rank count and micro-batch that wrote it)"
         )
-    return Resume(found, changes)
+    return Resume(found, changes, reset_optimizer)
 
 
 @dataclass(frozen=True)
@@ -131,17 +134,34 @@ def agree_on_checkpoint(mine: RankStart, ckpt_dir: Path, world: distributed.Worl
     return Resume(ck.Found(dest, int(best[0].split("_")[1]), state), resume.changes)
 
 
-def check_compatible(found: ck.Found, cfg: C.Config, data: Any, allow: bool, log: Log) -> list[str]:
-    """Differences between the checkpoint's run and this one; raises unless --allow-config-change."""
+# What --reset-optimizer lets change: the optimizer's own keys (its state is not carried over)
+OPTIMIZER_KEYS = ("optim.name", "optim.beta1", "optim.beta2", "optim.eps")
+
+
+def check_compatible(
+    found: ck.Found, cfg: C.Config, data: Any, allow: bool, log: Log, reset_optimizer: bool = False
+) -> list[str]:
+    """Differences between the checkpoint's run and this one; raises unless --allow-config-change (an optimizer
+    of another ``optim.name``: unless --reset-optimizer)."""
     saved = found.state
     changes: list[str] = []
     saved_keys = C.flatten(C.upgrade(saved.get("config", {})))
+    written = saved_keys.get("optim.name", "adamw")
+    if written != cfg.optim.name and not reset_optimizer:
+        raise X1Error(
+            f"{found.path} was written with optim.name={written}; this run has optim.name={cfg.optim.name}, "
+            f"which cannot take {written}'s state\n"
+            f"  hint: resume with --set optim.name={written}, or pass --reset-optimizer to keep the weights, the "
+            f"step and the data position and start {cfg.optim.name} from zero moments (it drops {written}'s state)"
+        )
     for key, old, new in C.diff(saved.get("config", {}), cfg.to_dict()):
         if key not in saved_keys:  # a key x1 gained after the checkpoint: what the run did without it
             old = C.BEFORE_KEY_EXISTED.get(key, C.DEFAULTS.get(key))
             if old == new:
                 continue
-        if key in C.OPERATIONAL_KEYS:
+        if reset_optimizer and (key in OPTIMIZER_KEYS or key.startswith("optim.muon_")):
+            log(f"note: {key} changed from {old!r} to {new!r} since the checkpoint (allowed by --reset-optimizer)")
+        elif key in C.OPERATIONAL_KEYS:
             log(f"note: {key} changed from {old!r} to {new!r} since the checkpoint (operational; allowed)")
         else:
             changes.append(f"{key}: {old!r} -> {new!r}")
@@ -162,6 +182,14 @@ def check_compatible(found: ck.Found, cfg: C.Config, data: Any, allow: bool, log
     return changes
 
 
+def dropped(state: dict[str, Any]) -> str:
+    """What an optimizer state dict holds, in words: '<name> state (N tensors: exp_avg, exp_avg_sq)'."""
+    parts = [state["muon"], state["adamw"]] if saved_optimizer(state) == "muon" else [state]
+    kinds = sorted({k for part in parts for s in part.get("state", {}).values() for k in s if k != "step"})
+    n = sum(1 for part in parts for s in part.get("state", {}).values() for k in s if k != "step")
+    return f"the {saved_optimizer(state)} state ({n} tensors: {', '.join(kinds) or 'none'})"
+
+
 def _check_optimizer_shapes(optimizer: Any, where: Any) -> None:
     """load_state_dict does not compare the moments' shapes with the parameters'; a mismatch would crash at the
     first optimizer step, after the compile. A changed model.vocab_pad_multiple or model.fused_projections
@@ -179,11 +207,25 @@ def _check_optimizer_shapes(optimizer: Any, where: Any) -> None:
                     )
 
 
-def restore(found: ck.Found, model: Any, optimizer: Any, device: Any) -> LoopState:
-    """Load weights, optimizer state and RNG streams; returns the loop's counters at the checkpoint."""
+def restore(found: ck.Found, model: Any, optimizer: Any, device: Any, reset_log: Log | None = None) -> LoopState:
+    """Load weights, optimizer state and RNG streams; returns the loop's counters at the checkpoint. With
+    ``reset_log`` (--reset-optimizer) the optimizer state is read only to say what is dropped."""
     ck.load_model_state(model, {k: v.to(device) for k, v in ck.load_weights(found.path).items()}, found.path)
+    saved = ck.load_optimizer(found.path)
     try:
-        optimizer.load_state_dict(ck.load_optimizer(found.path))
+        if reset_log is not None:
+            reset_log(
+                f"--reset-optimizer: {dropped(saved)} of {found.path.name} dropped; the optimizer starts from zero"
+            )
+        elif saved_optimizer(saved) != running_optimizer(optimizer):
+            raise OptimizerMismatch(saved_optimizer(saved), running_optimizer(optimizer))
+        else:
+            optimizer.load_state_dict(saved)
+    except OptimizerMismatch as e:
+        raise X1Error(
+            f"{found.path}: its optimizer state was written by {e.written}; this run uses {e.running}: resume with "
+            f"--set optim.name={e.written}, or pass --reset-optimizer"
+        ) from None
     except ValueError as e:
         raise X1Error(
             f"{found.path}: the optimizer state does not fit this run's parameter groups ({e}); "

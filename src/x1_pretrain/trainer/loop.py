@@ -29,6 +29,7 @@ from ..core.log import as_log
 from ..data.tokens import Batch
 from .device import CompileFallback, CompileFellBack, eager_modules
 from .distributed import World, agree_max, mean_over_ranks
+from .optim import set_lr
 from .schedule import Horizon, lr_at, planned, retarget
 
 
@@ -177,6 +178,7 @@ class Run:
     checkpointer: CheckpointSaver | None = None
     callbacks: list[Callback] = field(default_factory=list)  # in order; callbacks.loop_callbacks() first
     lab_flops_per_token: int | None = None
+    optimizer_flops_per_step: int = 0  # each rank's Newton–Schulz FLOPs a step (Muon), apart from the model's
     horizon: Horizon | None = None  # where the schedule ends (None: planned for train.total_steps)
     proposed_end: int = 0  # rank 0's wish for a new end (--budget-fit), agreed at the next boundary
     alert: Callable[[str, str], None] | None = None  # (subject, body) to the configured channels, if any
@@ -286,8 +288,7 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
     cfg = run.cfg
     assert run.horizon is not None
     lr = lr_at(step, cfg.optim, run.horizon)
-    for group in run.optimizer.param_groups:
-        group["lr"] = lr
+    set_lr(run.optimizer, lr, cfg.optim)
     batches = []
     for chunk in run.chunks:
         batch = next(run.batches)
@@ -416,12 +417,15 @@ def _log_step(run: Run, state: LoopState, report: StepReport) -> None:
     peak = run.peak_tflops * 1e12 * run.world_size if run.peak_tflops else None
     mfu = tps * run.flops_per_token / peak if peak else float("nan")
     mfu_lab = tps * run.lab_flops_per_token / peak if peak and run.lab_flops_per_token else float("nan")
+    # Muon's orthogonalisation: every rank runs it on every matrix, so each device's share is the whole of it
+    mfu_opt = run.optimizer_flops_per_step * run.world_size / mean_dt / peak if peak else float("nan")
     metrics.update(
         {
             N.TRAIN_PARAM_NORM: param_norm(run.raw_model),
             N.TRAIN_TOKENS_PER_S: tps,
             N.TRAIN_MFU: mfu,
             N.TRAIN_MFU_LAB_6N: mfu_lab,
+            **({N.TRAIN_MFU_NEWTON_SCHULZ: mfu_opt} if run.optimizer_flops_per_step else {}),
             N.TRAIN_STEP_TIME_S: mean_dt,
             N.TRAIN_TOKENS_SEEN: float(state.tokens_seen),
         }
@@ -433,7 +437,8 @@ def _log_step(run: Run, state: LoopState, report: StepReport) -> None:
     eta = (end - done) * mean_dt
     if math.isfinite(mfu):
         lab = f", lab 6N {mfu_lab * 100:.1f}%" if math.isfinite(mfu_lab) else ""
-        mfu_s = f"MFU {mfu * 100:5.1f}% honest{lab}"
+        ns = f" + {mfu_opt * 100:.2f}% Newton–Schulz" if run.optimizer_flops_per_step else ""
+        mfu_s = f"MFU {mfu * 100:5.1f}% honest{ns}{lab}"
     else:
         mfu_s = "MFU n/a (no --peak-tflops)"
     run.console(
