@@ -20,7 +20,7 @@ from x1_pretrain.trainer.device import effective_compile_scope
 from x1_pretrain.trainer.distributed import World
 
 from ..conftest import REPO, seed_store, shared_build
-from ..procs import children, listening, losses, progress_step, run_info, start, train_cmd, wait_for
+from ..procs import children, listening, losses, progress_step, run_info, start, train_cmd, train_here, wait_for
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 
@@ -505,3 +505,17 @@ def test_a_peer_ranks_file_names_are_checked_before_anything_is_written(tmp_path
     assert [p.name for p in files.iterdir()] == [".step_0000004.pull-1"] and not any(files.rglob("*/*"))
     assert "name refused: rank 0 names its checkpoint '../../escaped', not a step_NNNNNNN dir" in outs[1]
     assert list(name.iterdir()) == []
+
+
+def test_muon_on_two_ranks_matches_one_process(demo_data, tmp_path):
+    """optim.name=muon with fused projections: 2 ranks (micro-batch 4, 2 micro-steps each) against one process
+    (micro-batch 8): the same losses and weights to the AdamW bound. DDP all-reduces the gradients before the
+    step, so every rank orthogonalises the same updates. x1's Muon (fp32 on a CPU): torch's rounds the update to
+    bf16, which turns the all-reduce's float rounding into 1e-5 of a loss by step 4."""
+    muon = ("--set", "optim.name=muon", "--set", "model.fused_projections=true", "--set", "optim.muon_impl=x1")
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert train_here(train_cmd(demo_data, one, 4, *muon)) == 0
+    r = subprocess.run(ddp_cmd(demo_data, two, 4, *MICRO, *muon), capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "optimizer: Muon" in r.stdout and "Newton–Schulz:" in r.stdout
+    assert_same_run(one, two, 4)

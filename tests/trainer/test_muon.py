@@ -194,3 +194,15 @@ def test_resuming_with_the_other_optimizer_is_refused_unless_reset(demo_data, mu
     assert "--reset-optimizer: the muon state (" in out and "momentum_buffer" in out and "exp_avg" in out
     assert "resuming from" in out and (ckpt / "final.safetensors").exists()
     assert "format" not in ck.load_optimizer(ckpt / "step_0000008")  # AdamW's own state from then on
+
+
+def test_the_muon_lab_config_is_the_lab_config_with_muon():
+    """configs/x1-50m-muon.yaml changes only the optimizer; at a reduced shape it builds Muon + AdamW."""
+    repo = TINY.parents[1]
+    lab, muon = C.load(repo / "configs" / "x1-50m-a100.yaml"), C.load(repo / "configs" / "x1-50m-muon.yaml")
+    changed = {k for k, _, _ in C.diff(lab.to_dict(), muon.to_dict())}
+    assert "optim.name" in changed and all(k == "optim.name" or k.startswith("optim.muon_") for k in changed)
+    small = C.load(
+        repo / "configs" / "x1-50m-muon.yaml", sets=["model.n_layer=1", "model.d_model=96", "model.d_ff=128"]
+    )
+    assert isinstance(build_optimizer(Transformer(small.model), small, CPU), MuonAdamW)
