@@ -24,19 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-SHARED_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "data" / "corpus"
 VOCAB, SEQ, BATCH, VAL_WINDOWS = 8192, 128, 16, 32
-
-
-def corpus() -> tuple[list[str], str]:
-    if SHARED_CORPUS.is_dir():
-        from x1_pretrain.data.sources import discover, iter_documents
-
-        docs = [d for p in discover(SHARED_CORPUS) for d in iter_documents(p) if d.strip()]
-        return docs, "the developers' web-text samples (FineWeb-Edu, DCLM, Dolma)"
-    from x1_pretrain.data.demo_corpus import demo_documents
-
-    return demo_documents(), "pydoc_data.topics"
 
 
 def tokens(docs: list[str]):
@@ -132,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     steps = 30 if args.quick else args.steps
-    docs, source = corpus()
+    from tokenize_throughput import corpus_documents  # bench/ is on the path of a script run from it
+
+    docs, source = corpus_documents()
     train_ids, val_ids = tokens(docs)
     evals = sorted({max(1, steps * k // 10) for k in range(1, 11)})
     base = [

@@ -132,7 +132,7 @@ def _model(ctx: Context, resume: Resume) -> tuple[Transformer, Any, Any, LoopSta
     optimizer = build_optimizer(model, cfg, device)
     state = LoopState()
     if resume.found is not None:
-        state = restore(resume.found, model, optimizer, device, log if resume.reset_optimizer else None)
+        state = restore(resume.found, model, optimizer, device, log if ctx.opts.reset_optimizer else None)
         log(f"resuming from {resume.found.path} at step {state.step} ({state.tokens_seen:,} tokens seen)")
     dev_name = run_tags_device(device)
     log(

@@ -17,14 +17,13 @@ from ..core.fileio import replace_dir, write_text_atomic
 from ..core.log import Log
 from ..trainer import distributed
 from ..trainer.loop import LoopState
-from ..trainer.optim import OptimizerMismatch, running_optimizer, saved_optimizer
+from ..trainer.optim import running_optimizer, saved_optimizer
 
 
 @dataclass
 class Resume:
     found: ck.Found | None = None  # the checkpoint resumed from (None: a fresh run)
     changes: list[str] = field(default_factory=list)  # config/data changes allowed by --allow-config-change
-    reset_optimizer: bool = False  # --reset-optimizer: the checkpoint's optimizer state is not loaded
 
     @property
     def state(self) -> dict[str, Any]:
@@ -34,7 +33,6 @@ class Resume:
 def find_resume(ckpt_dir: Path, opts: Any, cfg: C.Config, data: Any, log: Log, world_size: int = 1) -> Resume:
     """Where the run in ``ckpt_dir`` starts, as ``opts`` (the trainer's options: ``resume``,
     ``allow_config_change``, ``reset_optimizer``) ask."""
-    reset_optimizer = opts.reset_optimizer
     if not opts.resume:
         existing = ck.list_step_dirs(ckpt_dir)
         if existing:
@@ -47,7 +45,7 @@ def find_resume(ckpt_dir: Path, opts: Any, cfg: C.Config, data: Any, log: Log, w
     if found is None:
         log(f"no complete checkpoint in {ckpt_dir} yet: starting fresh")
         return Resume()
-    changes = check_compatible(found, cfg, data, opts.allow_config_change, log, reset_optimizer)
+    changes = check_compatible(found, cfg, data, opts.allow_config_change, log, opts.reset_optimizer)
     saved_world = int(found.state.get("world_size") or 1)
     if saved_world != world_size:
         t = cfg.train
@@ -57,7 +55,7 @@ def find_resume(ckpt_dir: Path, opts: Any, cfg: C.Config, data: Any, log: Log, w
             f"{t.grad_accum_steps // world_size} a rank) and the same sequences at every step; the weights follow "
             "an uninterrupted run to float rounding (bitwise only on the rank count and micro-batch that wrote it)"
         )
-    return Resume(found, changes, reset_optimizer)
+    return Resume(found, changes)
 
 
 @dataclass(frozen=True)
@@ -185,9 +183,8 @@ def check_compatible(
 def dropped(state: dict[str, Any]) -> str:
     """What an optimizer state dict holds, in words: '<name> state (N tensors: exp_avg, exp_avg_sq)'."""
     parts = [state["muon"], state["adamw"]] if saved_optimizer(state) == "muon" else [state]
-    kinds = sorted({k for part in parts for s in part.get("state", {}).values() for k in s if k != "step"})
-    n = sum(1 for part in parts for s in part.get("state", {}).values() for k in s if k != "step")
-    return f"the {saved_optimizer(state)} state ({n} tensors: {', '.join(kinds) or 'none'})"
+    names = [k for part in parts for s in part.get("state", {}).values() for k in s if k != "step"]
+    return f"the {saved_optimizer(state)} state ({len(names)} tensors: {', '.join(sorted(set(names))) or 'none'})"
 
 
 def _check_optimizer_shapes(optimizer: Any, where: Any) -> None:
@@ -207,30 +204,31 @@ def _check_optimizer_shapes(optimizer: Any, where: Any) -> None:
                     )
 
 
+def _load_optimizer(optimizer: Any, saved: dict[str, Any], where: Path) -> None:
+    written, running = saved_optimizer(saved), running_optimizer(optimizer)
+    if written != running:
+        raise X1Error(
+            f"{where}: its optimizer state was written by {written}; this run uses {running}: resume with "
+            f"--set optim.name={written}, or pass --reset-optimizer"
+        )
+    try:
+        optimizer.load_state_dict(saved)
+    except ValueError as e:
+        raise X1Error(
+            f"{where}: the optimizer state does not fit this run's parameter groups ({e}); "
+            "optim.decay_embedding or the model changed since the checkpoint"
+        ) from None
+
+
 def restore(found: ck.Found, model: Any, optimizer: Any, device: Any, reset_log: Log | None = None) -> LoopState:
     """Load weights, optimizer state and RNG streams; returns the loop's counters at the checkpoint. With
     ``reset_log`` (--reset-optimizer) the optimizer state is read only to say what is dropped."""
     ck.load_model_state(model, {k: v.to(device) for k, v in ck.load_weights(found.path).items()}, found.path)
     saved = ck.load_optimizer(found.path)
-    try:
-        if reset_log is not None:
-            reset_log(
-                f"--reset-optimizer: {dropped(saved)} of {found.path.name} dropped; the optimizer starts from zero"
-            )
-        elif saved_optimizer(saved) != running_optimizer(optimizer):
-            raise OptimizerMismatch(saved_optimizer(saved), running_optimizer(optimizer))
-        else:
-            optimizer.load_state_dict(saved)
-    except OptimizerMismatch as e:
-        raise X1Error(
-            f"{found.path}: its optimizer state was written by {e.written}; this run uses {e.running}: resume with "
-            f"--set optim.name={e.written}, or pass --reset-optimizer"
-        ) from None
-    except ValueError as e:
-        raise X1Error(
-            f"{found.path}: the optimizer state does not fit this run's parameter groups ({e}); "
-            "optim.decay_embedding or the model changed since the checkpoint"
-        ) from None
+    if reset_log is not None:
+        reset_log(f"--reset-optimizer: {dropped(saved)} of {found.path.name} dropped; the optimizer starts from zero")
+    else:
+        _load_optimizer(optimizer, saved, found.path)
     _check_optimizer_shapes(optimizer, found.path)
     ck.restore_rng(found.state["rng"])
     if found.path.name.startswith("."):  # a checkpoint sent to this rank: read, no longer needed

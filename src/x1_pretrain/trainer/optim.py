@@ -77,6 +77,7 @@ class MuonAdamW:
 
     def __init__(self, muon: Any, adamw: Any, parts: list[Part], impl: str) -> None:
         self.muon, self.adamw, self.parts, self.impl = muon, adamw, parts, impl
+        self.fused = list({id(part.whole): part.whole for part in parts}.values())  # in neither optimizer
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -100,7 +101,7 @@ class MuonAdamW:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.muon.zero_grad(set_to_none=set_to_none)
         self.adamw.zero_grad(set_to_none=set_to_none)
-        for whole in {id(part.whole): part.whole for part in self.parts}.values():  # in neither optimizer
+        for whole in self.fused:
             if whole.grad is not None:
                 if set_to_none:
                     whole.grad = None
@@ -112,17 +113,9 @@ class MuonAdamW:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != HYBRID_FORMAT:
-            raise OptimizerMismatch(written=saved_optimizer(state), running="muon")
+            raise ValueError(f"the optimizer state was written by {saved_optimizer(state)}, not by muon")
         self.muon.load_state_dict(state["muon"])
         self.adamw.load_state_dict(state["adamw"])
-
-
-class OptimizerMismatch(ValueError):
-    """A saved optimizer state of one ``optim.name`` loaded into the other."""
-
-    def __init__(self, written: str, running: str) -> None:
-        super().__init__(f"written by {written}, this run uses {running}")
-        self.written, self.running = written, running
 
 
 def saved_optimizer(state: dict[str, Any]) -> str:
@@ -175,10 +168,11 @@ def build_optimizer(model: Any, cfg: Any, device: Any) -> Any:
 def set_lr(optimizer: Any, lr: float, o: Any) -> None:
     """The schedule's ``lr`` (peak ``o.lr``) on every AdamW group; Muon's groups at ``o.muon_lr`` times the same
     factor, so warm-up, decay and the budget fit move both alike."""
-    muon = optimizer.muon.param_groups if isinstance(optimizer, MuonAdamW) else []
-    for group in muon:
-        group["lr"] = o.muon_lr * (lr / o.lr)
-    for group in optimizer.adamw.param_groups if muon else optimizer.param_groups:
+    if isinstance(optimizer, MuonAdamW):
+        for group in optimizer.muon.param_groups:
+            group["lr"] = o.muon_lr * (lr / o.lr)
+        optimizer = optimizer.adamw
+    for group in optimizer.param_groups:
         group["lr"] = lr
 
 
