@@ -23,6 +23,10 @@ one), writes what it has measured so far as it goes, and a phase that fails or t
                 autocast as configured, and bf16 with the bf16 residual stream; the bf16 curves must track fp32
   ab-eager      an A/B of each speed switch (vocab padding, one-pass loss, bf16 residual, fused projections,
                 deterministic mode, flash-attn vs SDPA) at the lab micro-batch, eager, from one init
+  optimizer-ab  AdamW (the config) against Muon (configs/x1-50m-muon.yaml's optimizer) at the lab's shapes: the
+                same init, real text (--ab-data DIR, a tokenize_data output such as the lab's, else pydoc topics
+                and the stdlib's sources) and batches; val loss at five points, seconds a step, and the step at
+                which Muon reaches AdamW's final loss (bench/gpu_check_optim.py)
   ab-compiled   the same switches under torch.compile (mode default), while time is left
   profile       a short torch.profiler trace of the trainer's configuration: device time by group (GEMM,
                 attention, loss, elementwise, optimizer, idle)
@@ -67,13 +71,14 @@ VOCAB = 50257
 # mode (the lab's max-autotune) last, if time is left. --phase-s NAME=SECONDS overrides one.
 PHASES: list[tuple[str, float]] = [
     ("trainer", 150.0),
-    ("grads", 60.0),
-    ("graph-breaks", 30.0),
+    ("grads", 50.0),
+    ("graph-breaks", 25.0),
     ("bf16-vs-fp32", 40.0),
     ("ab-eager", 45.0),
-    ("ab-compiled", 55.0),
-    ("profile", 30.0),
-    ("trainer-lab-mode", 90.0),
+    ("optimizer-ab", 40.0),
+    ("ab-compiled", 45.0),
+    ("profile", 25.0),
+    ("trainer-lab-mode", 80.0),
 ]
 # What each A/B variant flips, relative to the config as it is (``--set`` syntax)
 SWITCHES: list[tuple[str, list[str]]] = [
@@ -871,6 +876,7 @@ def run_child(phase: str, args: argparse.Namespace, timeout_s: float, log: Path,
         "--started-unix",
         f"{time.time():.3f}",
     ] + (["--cut-after-steps", str(args.cut_after_steps)] if args.cut_after_steps else [])
+    cmd += ["--ab-data", str(args.ab_data)] if getattr(args, "ab_data", None) else []
     t0 = time.monotonic()
     with open(log, "a") as logf:
         logf.write(f"\n===== {phase} (at most {timeout_s:.0f} s) =====\n")
@@ -942,6 +948,10 @@ def run_phase(phase: str, args: argparse.Namespace, device: Any, out: Partial) -
         phase_ab(args, device, out, compiled=phase == "ab-compiled")
     elif phase == "profile":
         phase_profile(args, cfg, device, out)
+    elif phase == "optimizer-ab":
+        from gpu_check_optim import phase_optimizer_ab  # bench/ is the script's directory
+
+        phase_optimizer_ab(args, device, out)
     else:
         raise ValueError(f"unknown phase {phase}")
 
@@ -1124,6 +1134,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=SECONDS",
         help="a phase's deadline instead of its default (repeatable): " + ", ".join(f"{n}={s:g}" for n, s in PHASES),
     )
+    p.add_argument(
+        "--ab-data",
+        type=Path,
+        help="a tokenize_data output dir (the lab's) for the optimizer A/B; default: pydoc topics + stdlib sources",
+    )
     p.add_argument("--cut-after-steps", type=int, help=argparse.SUPPRESS)  # tests: cut the trainer at a step
     p.add_argument("--started-unix", type=float, help=argparse.SUPPRESS)  # when the orchestrator started it
     p.add_argument("--phase", default="all", help=argparse.SUPPRESS)
@@ -1138,6 +1153,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.config.is_file():
         print(
             f"error: --config {args.config}: no such file (run from the x1 checkout, or pass --config)", file=sys.stderr
+        )
+        return 2
+    if args.ab_data is not None and not (args.ab_data / "meta.json").is_file():
+        print(
+            f"error: --ab-data {args.ab_data}: no meta.json there; give a python -m x1_pretrain.tokenize_data "
+            "output directory",
+            file=sys.stderr,
         )
         return 2
     if args.out is not None and args.out.suffix != ".md":

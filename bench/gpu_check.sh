@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot GPU check before (or at the start of) a paid run; see bench/gpu_check.py for what it measures.
 #
-#   bash bench/gpu_check.sh [OUT.md]
+#   bash bench/gpu_check.sh [OUT.md] [gpu_check.py options, e.g. --ab-data /workspace/data/tokenized]
 #
 # The report goes to OUT.md (and OUT.json beside it), else to $OUT/gpu_check.md when $OUT is a directory (or
 # to $OUT itself when it names a file), and always to stdout. On one H100/H200 it finishes within 9 minutes:
@@ -18,7 +18,8 @@ if [[ -z "$py" ]]; then
   if [[ -x "$repo/.venv/bin/python" ]]; then py="$repo/.venv/bin/python"; else py="$(command -v python3 || command -v python)"; fi
 fi
 
-out="${1:-}"
+out=""
+if [[ $# -gt 0 && "$1" != --* ]]; then out="$1"; shift; fi
 if [[ -z "$out" && -n "${OUT:-}" ]]; then
   if [[ -d "$OUT" ]]; then out="$OUT/gpu_check.md"; else out="$OUT"; fi
 fi
@@ -36,7 +37,7 @@ fi
 
 args=(--deadline-s 500)
 [[ -n "$out" ]] && args+=(--out "$out")
-timeout --kill-after=10 525 "$py" "$here/gpu_check.py" "${args[@]}"
+timeout --kill-after=10 525 "$py" "$here/gpu_check.py" "${args[@]}" "$@"
 code=$?
 if [[ $code -eq 124 || $code -eq 137 ]]; then
   echo "[gpu_check] stopped at the 525 s cap; the report so far is in ${out:-(no file)}" >&2

@@ -148,6 +148,38 @@ def _ab(r: Any) -> list[str]:
     return lines
 
 
+def _optimizer_ab(r: Any) -> list[str]:
+    d = r.data
+    lines = [
+        f"## Optimizer A/B: AdamW against Muon — {_status(r)}",
+        "",
+        f"Data: {d.get('data', '?')}. {d.get('steps', '?')} steps of {_fmt(d.get('tokens_per_step'), ',')} tokens "
+        f"({_fmt(d.get('epochs'), '.2f')} epochs of the train split), one init, the same batches, warm-up 10 % then "
+        "cosine over the run. A short horizon: whether Muon's lead holds here, not what a day's run ends at.",
+        "",
+    ]
+    rows = d.get("rows", [])
+    if rows:
+        points = sorted(rows[0]["curve"], key=int)
+        lines += [
+            "| arm | lr | " + " | ".join(f"val @ {p}" for p in points) + " | s/step |",
+            "|---|---|" + "---|" * len(points) + "---|",
+        ]
+        for row in rows:
+            vals = " | ".join(_fmt(row["curve"].get(p), ".4f") for p in points)
+            lines.append(f"| {row['arm']} | {row['lr']:g} | {vals} | {_fmt(row['s_per_step'], '.3f')} |")
+    if len(rows) == 2:
+        reach, fewer = d.get("muon_reaches_adamw_final_at"), d.get("fewer_tokens")
+        lines += [
+            "",
+            f"Muon reaches AdamW's final val loss at step {reach:.0f} of {d['steps']}: {fewer:.2f}x fewer tokens; "
+            f"its step takes {_fmt(d.get('muon_time_ratio'), '.2f')}x AdamW's."
+            if reach
+            else "Muon does not reach AdamW's final val loss in this run.",
+        ]
+    return lines
+
+
 def _profile(r: Any) -> list[str]:
     d = r.data
     groups = d.get("groups_ms", {})
@@ -184,6 +216,7 @@ def markdown(info: dict[str, Any], results: list[Any], smoke: bool, total_s: flo
         "bf16-vs-fp32": _bf16,
         "ab-eager": _ab,
         "ab-compiled": _ab,
+        "optimizer-ab": _optimizer_ab,
         "profile": _profile,
     }
     for r in results:

@@ -5,6 +5,7 @@ what a phase measured before it was killed."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import subprocess
@@ -41,6 +42,7 @@ def test_without_a_gpu_every_phase_runs_as_a_smoke_and_it_exits_0(tmp_path):
         "graph-breaks",
         "bf16-vs-fp32",
         "ab-eager",
+        "optimizer-ab",
         "ab-compiled",
         "profile",
         "trainer-lab-mode",
@@ -60,6 +62,12 @@ def test_without_a_gpu_every_phase_runs_as_a_smoke_and_it_exits_0(tmp_path):
     assert sum(phases["profile"]["data"]["groups_ms"].values()) > 0
     assert [r["run"] for r in phases["bf16-vs-fp32"]["data"]["rows"]] == ["fp32", "bf16", "bf16 + bf16 residual"]
     assert "## The real trainer" in table and "## A/B of the speed switches" in table
+    opt_ab = phases["optimizer-ab"]["data"]  # AdamW and Muon from one init on real GPT-2 ids of real text
+    assert [r["arm"] for r in opt_ab["rows"]] == ["AdamW (config as is)", "Muon (x1-50m-muon.yaml)"]
+    assert "pydoc_data.topics" in opt_ab["data"] and opt_ab["steps"] == 4
+    first = [r["curve"]["1"] for r in opt_ab["rows"]]
+    assert abs(first[0] - first[1]) < 0.05 and first[0] != first[1]  # same init and batch, one step apart
+    assert "## Optimizer A/B: AdamW against Muon" in table
 
 
 def test_a_gpu_the_driver_sees_but_torch_cannot_use_fails_the_check(tmp_path):
@@ -76,13 +84,12 @@ def test_a_gpu_the_driver_sees_but_torch_cannot_use_fails_the_check(tmp_path):
     assert report["phases"][0]["status"].startswith("FAILED")
 
 
-def _gpu_check():
+def _gpu_check(module: str = "gpu_check"):
     sys.path.insert(0, str(BENCH))
     try:
-        import gpu_check
+        return importlib.import_module(module)
     finally:
         sys.path.remove(str(BENCH))
-    return gpu_check
 
 
 def _args(gpu_check, **kw) -> argparse.Namespace:
@@ -174,3 +181,18 @@ def test_phase_deadlines_are_overridden_by_name(capsys):
 )
 def test_profile_groups_kernel_names(name, group):
     assert _gpu_check().kernel_group(name) == group
+
+
+def test_the_optimizer_ab_reads_a_tokenize_data_dir_and_refuses_one_without_meta(demo_data, tmp_path, capsys):
+    """--ab-data: the lab's own tokens settle the default; a directory that is not tokenize_data output is exit 2."""
+    import torch
+
+    gpu_check = _gpu_check()
+    assert gpu_check.main(["--ab-data", str(tmp_path)]) == 2
+    assert f"--ab-data {tmp_path}: no meta.json" in capsys.readouterr().err
+    gpu_check_optim = _gpu_check("gpu_check_optim")
+    args = argparse.Namespace(config=gpu_check.LAB_CONFIG, ab_data=demo_data, started_unix=None, phase_budget_s=30)
+    out = gpu_check.Partial(None)
+    gpu_check_optim.phase_optimizer_ab(args, torch.device("cpu"), out)
+    assert out.data["data"].startswith(str(demo_data)) and out.data["ok"] is True
+    assert [len(r["curve"]) for r in out.data["rows"]] == [4, 4]

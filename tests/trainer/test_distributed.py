@@ -507,15 +507,26 @@ def test_a_peer_ranks_file_names_are_checked_before_anything_is_written(tmp_path
     assert list(name.iterdir()) == []
 
 
-def test_muon_on_two_ranks_matches_one_process(demo_data, tmp_path):
+def test_muon_on_two_ranks_matches_one_process_and_resumes_on_one(demo_data, tmp_path):
     """optim.name=muon with fused projections: 2 ranks (micro-batch 4, 2 micro-steps each) against one process
     (micro-batch 8): the same losses and weights to the AdamW bound. DDP all-reduces the gradients before the
     step, so every rank orthogonalises the same updates. x1's Muon (fp32 on a CPU): torch's rounds the update to
-    bf16, which turns the all-reduce's float rounding into 1e-5 of a loss by step 4."""
+    bf16, which turns the all-reduce's float rounding into 1e-5 of a loss by step 4. Then the two ranks' step-2
+    checkpoint resumed by one process (Muon's momentum buffers are whole on every rank, as AdamW's moments are):
+    steps 3 and 4 and the final weights are the uninterrupted one process's again."""
     muon = ("--set", "optim.name=muon", "--set", "model.fused_projections=true", "--set", "optim.muon_impl=x1")
     one, two = tmp_path / "one", tmp_path / "two"
     assert train_here(train_cmd(demo_data, one, 4, *muon)) == 0
-    r = subprocess.run(ddp_cmd(demo_data, two, 4, *MICRO, *muon), capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        ddp_cmd(demo_data, two, 4, *MICRO, *muon, ckpt_every=2), capture_output=True, text=True, cwd=REPO
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "optimizer: Muon" in r.stdout and "Newton–Schulz:" in r.stdout
     assert_same_run(one, two, 4)
+    two_to_one = _lost_after(two, tmp_path / "two-to-one", 2)
+    assert train_here(train_cmd(demo_data, two_to_one, 4, *muon, "--resume-from-latest", seed=False)) == 0
+    got, ref = losses(two_to_one), losses(one)
+    assert set(got) == {3, 4} and all(abs(got[s] - ref[s]) <= 1e-5 * abs(ref[s]) for s in got), (got, ref)
+    w, ref_w = safetensors_io.load(two_to_one / "final.safetensors"), safetensors_io.load(one / "final.safetensors")
+    for k in ref_w:
+        torch.testing.assert_close(w[k], ref_w[k], atol=5e-5, rtol=1e-4)

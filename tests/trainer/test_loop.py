@@ -13,6 +13,7 @@ from x1_pretrain.data.tokens import Batch
 from x1_pretrain.model.transformer import Transformer
 from x1_pretrain.trainer.callbacks import loop_callbacks
 from x1_pretrain.trainer.loop import Callback, LoopState, Run, train_loop
+from x1_pretrain.trainer.optim import build_optimizer
 from x1_pretrain.trainer.schedule import fitted_end, planned
 
 from ..conftest import TINY
@@ -46,10 +47,15 @@ class RecordingCheckpointer:
         return "periodic" if step % every_steps == 0 else None
 
 
-def tiny_run(total_steps: int, hooks: list) -> Run:
-    cfg = C.load(TINY, {"train.total_steps": total_steps}, SETS)
+def tiny_run(total_steps: int, hooks: list, *sets: str) -> Run:
+    cfg = C.load(TINY, {"train.total_steps": total_steps}, [*SETS, *sets])
     torch.manual_seed(0)
     model = Transformer(cfg.model)
+    optimizer = (
+        build_optimizer(model, cfg, torch.device("cpu"))
+        if cfg.optim.name == "muon"
+        else torch.optim.AdamW(model.parameters(), lr=1e-3)
+    )
     gen = torch.Generator().manual_seed(1)
 
     def batches():
@@ -62,7 +68,7 @@ def tiny_run(total_steps: int, hooks: list) -> Run:
         cfg,
         model,
         model,
-        torch.optim.AdamW(model.parameters(), lr=1e-3),
+        optimizer,
         torch.device("cpu"),
         batches(),
         [0],
@@ -111,6 +117,24 @@ def test_every_end_the_fit_proposes_is_honoured_however_near(fit):
     assert sum(f"step {end:>7} | val loss" in line for line in lines) == 1  # and evaluated once
     if end > 12:  # an end after this boundary: the steps left decay to min_lr
         assert hook.lrs[end] == pytest.approx(run.cfg.optim.min_lr)
+
+
+def test_a_fitted_end_decays_muons_matrices_and_adamws_rest_together():
+    """With optim.name=muon the fit's new end moves both optimizers' schedules: at the fitted end Muon's lr is
+    muon_lr x (min_lr / lr), AdamW's is min_lr, and the decay between was one curve for both."""
+
+    class MuonLrs(ProposeAt):
+        def after_step(self, run, state, report):
+            self.muon = {**getattr(self, "muon", {}), state.step: run.optimizer.muon.param_groups[0]["lr"]}
+            return super().after_step(run, state, report)
+
+    hook = MuonLrs(at=12, fit=3)
+    run = tiny_run(40, [hook], "optim.name=muon", "optim.muon_lr=0.02")
+    outcome = train_loop(run, LoopState())
+    o = run.cfg.optim
+    assert outcome.exit_code == 0 and outcome.step == fitted_end(11, 3, 40) == 13
+    assert hook.lrs[13] == pytest.approx(o.min_lr) and hook.muon[13] == pytest.approx(0.02 * o.min_lr / o.lr)
+    assert all(hook.muon[s] == pytest.approx(0.02 * hook.lrs[s] / o.lr) for s in hook.lrs)
 
 
 def test_without_a_proposal_the_planned_end_stands():
