@@ -876,7 +876,7 @@ def run_child(phase: str, args: argparse.Namespace, timeout_s: float, log: Path,
         "--started-unix",
         f"{time.time():.3f}",
     ] + (["--cut-after-steps", str(args.cut_after_steps)] if args.cut_after_steps else [])
-    cmd += ["--ab-data", str(args.ab_data)] if getattr(args, "ab_data", None) else []
+    cmd += ["--ab-data", str(args.ab_data)] if args.ab_data else []
     t0 = time.monotonic()
     with open(log, "a") as logf:
         logf.write(f"\n===== {phase} (at most {timeout_s:.0f} s) =====\n")

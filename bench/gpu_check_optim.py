@@ -3,7 +3,7 @@ optimizer keys) on the same model, init, text and batches, for as many steps as 
 
 The text is the tokenize_data directory given with ``--ab-data`` (the lab's own FineWeb-Edu, the only data that
 settles the lab's default), else real text present on every machine: CPython's ``pydoc_data.topics`` and the
-standard library's Python source, tokenized with GPT-2's BPE (about 4M tokens; one document in 20 is val). Each
+standard library's Python source, tokenized with GPT-2's BPE (about 6M tokens; one document in 20 is val). Each
 arm: one micro-batch per optimizer step, warm-up 10 % then cosine to a tenth over the same number of steps,
 bf16 autocast as the config says, eager. It prints the val loss at five points, the seconds a step, and at which
 step Muon reaches AdamW's final val loss. A few hundred steps is a short horizon: it shows whether Muon's lead
@@ -41,7 +41,7 @@ def token_streams(args: Any, cfg: Any, smoke: bool) -> tuple[Any, Any, str]:
     """(train ids, val ids, where they came from) as uint16/int64 numpy arrays."""
     import numpy as np
 
-    if getattr(args, "ab_data", None):
+    if args.ab_data:
         from x1_pretrain.data.tokens import open_token_data
 
         data = open_token_data(args.ab_data, cfg.model.vocab_size, cfg.model.seq_len)
@@ -71,7 +71,6 @@ class Stream:
     """Training windows from one seed (every arm the same sequence) and the fixed val windows."""
 
     def __init__(self, train: Any, val: Any, cfg: Any, device: Any) -> None:
-
         from x1_pretrain.data.tokens import val_starts
 
         self.train, self.val, self.cfg, self.device = train, val, cfg, device
@@ -92,7 +91,7 @@ class Stream:
         x, y = gather(self.train, starts, seq)
         return x.to(self.device), y.to(self.device)
 
-    def val_loss(self, model: Any, cfg: Any) -> float:
+    def val_loss(self, model: Any) -> float:
         import torch
 
         from x1_pretrain.data.tokens import gather
@@ -102,36 +101,44 @@ class Stream:
         with torch.no_grad():
             for i in range(0, len(self.vstarts), mb):
                 x, y = gather(self.val, self.vstarts[i : i + mb], self.cfg.model.seq_len)
-                with G.autocast(cfg, self.device):
+                with G.autocast(self.cfg, self.device):
                     total += float(model(x.to(self.device), y.to(self.device))) * len(x)
         model.train()
         return total / len(self.vstarts)
 
 
-def train_arm(cfg: Any, stream: Stream, steps: int, evals: list[int], device: Any) -> dict[str, Any]:
+def _timed_step(model: Any, opt: Any, cfg: Any, stream: Stream, step: int, steps: int, device: Any) -> float:
+    """One optimizer step on the stream's next batch at the schedule's lr; returns its seconds."""
     import torch
 
     from x1_pretrain.trainer.optim import set_lr
     from x1_pretrain.trainer.schedule import lr_at
 
+    x, y = stream.batch()
+    G.sync(device)
+    t0 = time.perf_counter()
+    set_lr(opt, lr_at(step, cfg.optim, steps), cfg.optim)
+    with G.autocast(cfg, device):
+        loss = model(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    G.sync(device)
+    return time.perf_counter() - t0
+
+
+def train_arm(cfg: Any, stream: Stream, steps: int, evals: list[int], device: Any) -> dict[str, Any]:
+    import torch
+
     model, opt = G.build(cfg, device)
     curve: dict[int, float] = {}
     busy = 0.0
     for step in range(steps):
-        x, y = stream.batch()
-        G.sync(device)
-        t0 = time.perf_counter()
-        set_lr(opt, lr_at(step, cfg.optim, steps), cfg.optim)
-        with G.autocast(cfg, device):
-            loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        G.sync(device)
-        busy += time.perf_counter() - t0 if step else 0.0  # the first step warms the kernels
+        seconds = _timed_step(model, opt, cfg, stream, step, steps, device)
+        busy += seconds if step else 0.0  # the first step warms the kernels
         if step + 1 in evals:
-            curve[step + 1] = stream.val_loss(model, cfg)
+            curve[step + 1] = stream.val_loss(model)
     del model, opt
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -143,17 +150,7 @@ def plan_steps(cfg: Any, stream: Stream, device: Any, seconds: float) -> tuple[i
     import torch
 
     model, opt = G.build(cfg, device, seed=7)
-    times = []
-    for _ in range(4):
-        x, y = stream.batch()
-        G.sync(device)
-        t0 = time.perf_counter()
-        with G.autocast(cfg, device):
-            model(x, y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        G.sync(device)
-        times.append(time.perf_counter() - t0)
+    times = [_timed_step(model, opt, cfg, stream, step, 4, device) for step in range(4)]
     del model, opt
     if device.type == "cuda":
         torch.cuda.empty_cache()

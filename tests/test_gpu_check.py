@@ -101,6 +101,7 @@ def _args(gpu_check, **kw) -> argparse.Namespace:
         cut_after_steps=None,
         phase="trainer",
         phase_budget_s=60.0,
+        ab_data=None,
     )
     return argparse.Namespace(**{**base, **kw})
 

@@ -124,8 +124,12 @@ def test_a_fitted_end_decays_muons_matrices_and_adamws_rest_together():
     muon_lr x (min_lr / lr), AdamW's is min_lr, and the decay between was one curve for both."""
 
     class MuonLrs(ProposeAt):
+        def __init__(self, at: int, fit: int) -> None:
+            super().__init__(at, fit)
+            self.muon: dict[int, float] = {}
+
         def after_step(self, run, state, report):
-            self.muon = {**getattr(self, "muon", {}), state.step: run.optimizer.muon.param_groups[0]["lr"]}
+            self.muon[state.step] = run.optimizer.muon.param_groups[0]["lr"]
             return super().after_step(run, state, report)
 
     hook = MuonLrs(at=12, fit=3)
