@@ -197,6 +197,39 @@ FAST = ["--set", "model.seq_len=32", "--set", "train.eval_batches=2", "--set", "
 SPIKE_ARGS = ["--total-steps", "60", "--log-every", "20"]
 
 
+STDLIB_CODE = ("bisect", "fnmatch", "heapq", "shlex", "string", "textwrap", "colorsys", "glob")
+BPE_VOCAB = 2048
+
+
+def write_code_corpus(directory: Path) -> list[str]:
+    """Python source from the standard library, one document a module (``*.txt``): a second, unlike source."""
+    import importlib
+
+    directory.mkdir(parents=True, exist_ok=True)
+    docs = []
+    for name in STDLIB_CODE:
+        text = Path(importlib.import_module(name).__file__).read_text(encoding="utf-8")
+        (directory / f"{name}.txt").write_text(text, encoding="utf-8")
+        docs.append(text)
+    return docs
+
+
+@pytest.fixture(scope="session")
+def bpe_data(tmp_path_factory) -> Path:
+    """The demo corpus plus stdlib Python sources, tokenized once with a byte-level BPE of 2,048 ids trained
+    on them (``--train-tokenizer``; val 10%)."""
+    from x1_pretrain import tokenize_data
+    from x1_pretrain.data.demo_corpus import write_demo_corpus
+
+    root = tmp_path_factory.mktemp("bpe")
+    write_demo_corpus(root / "raw" / "prose")
+    write_code_corpus(root / "raw" / "code")
+    args = ["--input-dir", str(root / "raw"), "--output-dir", str(root / "tok"), "--val-fraction", "0.1"]
+    code = tokenize_data.main([*args, "--workers", "1", "--train-tokenizer", "--vocab-size", str(BPE_VOCAB)])
+    assert code == 0
+    return root / "tok"
+
+
 @pytest.fixture(scope="session")
 def spiked_run(demo_data, tmp_path_factory) -> Path:
     """A tiny run with --inject-spike-at-step 40 (checkpoint dir with its sqlite MLflow store)."""

@@ -44,6 +44,8 @@ def comments(cls: type) -> dict[str, str]:
 def _type(tp: typing.Any) -> str:
     if typing.get_origin(tp) is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(tp))
+    if typing.get_origin(tp) is typing.Union and typing.Literal in {typing.get_origin(a) for a in typing.get_args(tp)}:
+        return " \\| ".join(_type(a) for a in typing.get_args(tp))
     return f"`{str(tp).replace('typing.', '').replace('NoneType', 'None')}`".replace("<class '", "").replace("'>", "")
 
 

@@ -79,10 +79,10 @@ def table(scores: list[Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .data.tokenizer import load_gpt2
     from .evals.run import evaluate_model
     from .model.generate import pick_device
     from .report.ckpt_source import load_model, resolve
+    from .report.model_card import load_tokenizer
 
     tasks = task_list(args.tasks)
     if args.limit is not None and args.limit < 1:
@@ -102,7 +102,13 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(src, device)
     print(f"[evaluate] {src.describe()} on {device}, {'bf16' if bf16 else 'fp32'}", file=sys.stderr, flush=True)
     scores, hashes = evaluate_model(
-        model, load_gpt2(args.tokenizer_file).encode, tasks, args.limit, args.batch_size, bf16, args.eval_data_dir
+        model,
+        load_tokenizer(src, args.tokenizer_file).encode,
+        tasks,
+        args.limit,
+        args.batch_size,
+        bf16,
+        args.eval_data_dir,
     )
     print(table(scores))
     if args.output is not None:

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         record = export(src, args.output, args.tokenizer_file, not args.no_tokenizer, args.overwrite, log)
         print(
             f"[export_hf] wrote {args.output}: {record['parameters']:,} parameters (fp32), tokenizer "
-            f"{'included' if record['tokenizer'].startswith('GPT-2') else 'MISSING'}; load it with "
+            f"{'MISSING' if record['tokenizer'].startswith('not written') else 'included'}; load it with "
             f"transformers.AutoModelForCausalLM.from_pretrained({str(args.output)!r})"
         )
         import torch

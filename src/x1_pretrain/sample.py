@@ -62,12 +62,12 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from .data.tokenizer import load_gpt2
     from .report.ckpt_source import load_model, resolve
+    from .report.model_card import load_tokenizer
 
     _check(args)
     src = resolve(args.checkpoint, args.config, args.set)
-    tok = load_gpt2(args.tokenizer_file)
+    tok = load_tokenizer(src, args.tokenizer_file)  # the run's own, or GPT-2's
     device = pick_device(args.device)
     model = load_model(src, device)
     ids = tok.encode(args.prompt) if args.prompt else [tok.eot_id]

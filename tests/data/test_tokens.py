@@ -68,11 +68,15 @@ def test_validation_names_file_and_numbers(demo_data, tmp_path):
     d = tmp_path / "d"
     shutil.copytree(demo_data, d)
     assert open_token_data(d, 50257, 64).train.size > 0
-    with pytest.raises(DataError, match=r"vocab_size 50257 does not match model\.vocab_size 32000"):
+    # a model too small for the data's tokenizer: both numbers and the fix, before any index error
+    too_small = r"model\.vocab_size 32,000 is smaller .* 50,257 \(its largest id in the bins: 50,256\)[\s\S]*: auto"
+    with pytest.raises(DataError, match=too_small):
         open_token_data(d, 32000, 64)
+    with pytest.raises(DataError, match=r"vocab_size 50257 does not match model\.vocab_size 60000"):
+        open_token_data(d, 60000, 64)
     with open(d / "val.bin", "ab") as f:
         f.write(b"\x00")
-    with pytest.raises(DataError, match="is odd"):
+    with pytest.raises(DataError, match="not a whole number of uint16 tokens"):
         open_token_data(d, 50257, 64)
     shutil.copy(demo_data / "val.bin", d / "val.bin")
     with open(d / "train.bin", "ab") as f:

@@ -81,6 +81,9 @@ def test_manifest_fields_are_present_and_true(built, mlflow_run):
     train = {x.step: x.value for x in client.get_metric_history(run.info.run_id, "train/loss")}
     assert m["loss"]["final_val"] == val[STEPS] == state["last_val_loss"] and m["loss"]["final_val_step"] == STEPS
     assert m["loss"]["final_train"] == train[STEPS]
+    bpb = {x.step: x.value for x in client.get_metric_history(run.info.run_id, "val/bpb")}
+    assert set(bpb) == set(val) and m["loss"]["final_val_bpb"] == bpb[STEPS] == state["last_val_bpb"]
+    assert 0 < bpb[STEPS] < val[STEPS]  # GPT-2 tokens of English prose hold more than one byte each
     t = m["throughput"]
     assert t["flops_per_token"] == {
         "honest": flops.flops_per_token(cfg.model).honest,
@@ -111,7 +114,7 @@ def test_metrics_csv_has_every_logged_point_once(built, mlflow_run):
     assert set(got) == set(run.data.metrics)
     for name in run.data.metrics:
         assert got[name] == {x.step: x.value for x in client.get_metric_history(run.info.run_id, name)}, name
-    assert set(got["train/loss"]) == {1, 2, 3, 4, 6} and set(got["val/loss"]) == {0, 3, 6}
+    assert set(got["train/loss"]) == {1, 2, 3, 4, 6} and set(got["val/loss"]) == set(got["val/bpb"]) == {0, 3, 6}
     assert got["run/restarts"] == {3: 1.0}
     assert got["budget/spent_usd"][0] == pytest.approx(SPENT_IN_CHECKPOINT, abs=0.01)  # aged by seconds
     steps = [int(r[0]) for r in rows]

@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from x1_pretrain.ckpt import checkpoint as ck
+from x1_pretrain.core import config as C
 from x1_pretrain.core import safetensors_io
+from x1_pretrain.data import hf_tokenizer
 from x1_pretrain.export_hf import main
 from x1_pretrain.model.generate import Sampling, generate
 
 from ..ckpt_utils import SMALL_VOCAB, TINY_GPT2, random_model, write_checkpoint, write_config_yaml
-from ..conftest import shared_path
+from ..conftest import BPE_VOCAB, FAST, shared_path
+from ..procs import SMALL_BATCH, train_cmd, train_here
 
 TEXTS = [
     "Hello world",
@@ -43,6 +46,8 @@ def test_folder_contents(exported):
         "tokenizer_config.json",
         "special_tokens_map.json",
         "x1_export.json",
+        "x1_config.yaml",
+        "README.md",
     }
     assert not list(out.parent.glob(".hf.tmp-*"))
     cfg = json.loads((out / "config.json").read_text())
@@ -135,3 +140,50 @@ def test_final_safetensors_with_config_and_small_vocab(tmp_path, capsys):
     assert "not GPT-2's 50257" in capsys.readouterr().err
     tensors = safetensors_io.load(tmp_path / "hf" / "model.safetensors")
     torch.testing.assert_close(tensors["model.norm.weight"], model.model.norm.weight.detach())
+
+
+@pytest.fixture(scope="module")
+def own_tokenizer_export(bpe_data, tmp_path_factory):
+    """A run on the trained-BPE data (stdlib code + prose), exported: the checkpoint dir holds the tokenizer."""
+    root = tmp_path_factory.mktemp("own")
+    ckpt = root / "ckpt"
+    assert train_here(train_cmd(bpe_data, ckpt, 4, *FAST, *SMALL_BATCH, ckpt_every=4, eval_every=4)) == 0
+    assert (ckpt / "tokenizer.json").read_bytes() == (bpe_data / "tokenizer.json").read_bytes()
+    assert main(["--checkpoint", str(ckpt), "--output", str(root / "hf")]) == 0
+    return root / "hf", ckpt
+
+
+def test_the_data_tokenizer_travels_with_the_model(own_tokenizer_export, bpe_data):
+    """AutoTokenizer and AutoModelForCausalLM load the export together, offline: encode, generate, decode."""
+    transformers = pytest.importorskip("transformers")
+    out, _ = own_tokenizer_export
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    ours = hf_tokenizer.load_tokenizer_json(bpe_data / "tokenizer.json")
+    text = "def f(x):\n    return x + 1  # naïve"
+    ids = hf_tok(text)["input_ids"]
+    assert ids == ours.encode(text) and hf_tok.decode(ids) == text
+    assert hf_tok.eos_token == "<|endoftext|>" and hf_tok.eos_token_id == 0 == ours.eot_id
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["vocab_size"] == BPE_VOCAB and cfg["eos_token_id"] == cfg["bos_token_id"] == 0
+    model = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    prompt = hf_tok("The", return_tensors="pt")
+    gen = model.generate(**prompt, max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert gen.shape[1] == prompt["input_ids"].shape[1] + 5
+    assert hf_tok.decode(gen[0]).startswith("The") and isinstance(hf_tok.decode(gen[0, 1:]), str)
+
+
+def test_the_model_card_says_what_the_model_saw_and_how_to_make_it_again(own_tokenizer_export, bpe_data):
+    out, ckpt = own_tokenizer_export
+    card = (out / "README.md").read_text()
+    state = json.loads((ckpt / "step_0000004" / "trainer_state.json").read_text())
+    meta = json.loads((bpe_data / "meta.json").read_text())
+    assert f"{state['tokens_seen']:,} tokens" in card and f"{state['last_val_loss']:.4f} nats" in card
+    assert f"{state['last_val_bpb']:.4f} bits per byte" in card and meta["tokenizer_sha256"] in card
+    for s in meta["sources"]:  # every source file with its share of the train tokens
+        share = 100 * s["train_tokens"] / meta["splits"]["train"]["tokens"]
+        assert f"| `{s['path']}` | {s['train_tokens']:,} | {share:.1f} % |" in card
+    assert f"--train-tokenizer --vocab-size {BPE_VOCAB}" in card and "--config x1_config.yaml" in card
+    assert "no budget guard" in card and "none were run" in card
+    # the card's config is the run's resolved config
+    resolved = C.load(out / "x1_config.yaml")
+    assert resolved.to_dict() == state["config"]

@@ -351,6 +351,7 @@ _STATE_TYPES: dict[str, tuple[type, ...]] = {
     "wall_clock_s": (int, float),
     "last_loss": (int, float),
     "last_val_loss": (int, float),
+    "last_val_bpb": (int, float),
     "world_size": (int,),
     "rng": (dict,),
     "config": (dict,),
@@ -364,6 +365,8 @@ _STATE_TYPES: dict[str, tuple[type, ...]] = {
     "mlflow_run_id": (str, _NONE),
     "mlflow_uri": (str, _NONE),
     "data_dir": (str, _NONE),
+    "tokenizer_sha256": (str, _NONE),
+    "tokenizer": (dict, _NONE),
 }
 _RNG_TYPES: dict[str, tuple[type, ...]] = {"python": (list,), "numpy": (list,), "torch": (str,), "cuda": (list,)}
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")

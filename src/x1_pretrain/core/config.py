@@ -52,7 +52,7 @@ class ModelConfig:
     n_kv_head: int = 4  # key/value heads (GQA); must divide n_head
     d_ff: int = 2048  # SwiGLU hidden width
     seq_len: int = 1024  # context length in tokens
-    vocab_size: int = 50257  # GPT-2 BPE
+    vocab_size: int | Literal["auto"] = 50257  # ids the model embeds; auto: the data's (its meta.json vocab_size)
     norm: Literal["rmsnorm"] = "rmsnorm"  # the only norm (Llama's RMSNorm, pre-norm)
     norm_eps: float = 1e-5  # RMSNorm epsilon
     activation: Literal["swiglu"] = "swiglu"  # the MLP: SwiGLU (gate, up, down)
@@ -281,7 +281,25 @@ def _section_from_dict(cls: type, data: Any, prefix: str, problems: list[str]) -
     return cls(**kwargs)
 
 
-def from_dict(data: Any, source: str = "config", world_size: int = 1) -> Config:
+GPT2_VOCAB = 50257  # what model.vocab_size: auto means where no data is at hand (tokenize_data's default tokenizer)
+
+
+def data_vocab(data_dir: str | Path | None) -> int | None:
+    """The vocab size a ``tokenize_data`` output records, or None where it has none to read (the data check at
+    launch then names what is missing)."""
+    if data_dir is None:
+        return None
+    try:
+        meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    v = meta.get("vocab_size") if isinstance(meta, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def from_dict(data: Any, source: str = "config", world_size: int = 1, vocab: int | None = None) -> Config:
+    """A config from its sections; ``vocab`` is what ``model.vocab_size: auto`` becomes (the data's; GPT-2's
+    50,257 when None)."""
     problems: list[str] = []
     if data is None:
         data = {}
@@ -296,6 +314,8 @@ def from_dict(data: Any, source: str = "config", world_size: int = 1) -> Config:
             continue
         sections[name] = _section_from_dict(SECTIONS[name], value, name, problems)
     cfg = Config(**sections)
+    if cfg.model.vocab_size == "auto":
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab or GPT2_VOCAB))
     problems.extend(validate(cfg, world_size))
     if problems:
         raise ConfigError(problems, source)
@@ -338,9 +358,14 @@ def upgrade(
 
 
 def load(
-    path: str | Path, overrides: dict[str, Any] | None = None, sets: list[str] | None = None, world_size: int = 1
+    path: str | Path,
+    overrides: dict[str, Any] | None = None,
+    sets: list[str] | None = None,
+    world_size: int = 1,
+    vocab: int | None = None,
 ) -> Config:
-    """Load ``path``, apply flag ``overrides`` ({"train.total_steps": 100}) then ``--set`` strings.
+    """Load ``path``, apply flag ``overrides`` ({"train.total_steps": 100}) then ``--set`` strings;
+    ``model.vocab_size: auto`` becomes ``vocab`` (the data's: :func:`data_vocab`; GPT-2's when None).
 
     ``train.grad_accum_steps`` is derived: batch_size / micro_batch_size micro-batches a step over all ranks
     (each of ``world_size`` ranks runs its share), so the global batch is the same on any number of ranks. A
@@ -388,7 +413,7 @@ def load(
         target[name] = value
     if problems:
         raise ConfigError(problems, str(path))
-    return from_dict(merged, str(path), world_size)
+    return from_dict(merged, str(path), world_size, vocab)
 
 
 def config_sha256(cfg: Config) -> str:

@@ -49,8 +49,6 @@ def validate(cfg: Config, world_size: int = 1) -> list[str]:
         p.append(f"model.d_model: head_dim {m.head_dim} must be even for RoPE")
     if m.n_kv_head > 0 and m.n_head % m.n_kv_head:
         p.append(f"model.n_head: {m.n_head} is not divisible by model.n_kv_head {m.n_kv_head}")
-    if m.vocab_size > 65536:
-        p.append(f"model.vocab_size: {m.vocab_size} does not fit the uint16 token files (max 65536)")
     if m.init_std <= 0 or m.norm_eps <= 0 or m.rope_base <= 0:
         p.append("model.init_std, model.norm_eps and model.rope_base must be positive")
     if not 1 <= m.vocab_pad_multiple <= 1024:

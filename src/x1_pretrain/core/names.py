@@ -46,6 +46,7 @@ TRAIN_STEP_TIME_S = "train/step_time_s"
 TRAIN_TOKENS_PER_S = "train/tokens_per_s"
 TRAIN_TOKENS_SEEN = "train/tokens_seen"
 VAL_LOSS = "val/loss"
+VAL_BPB = "val/bpb"  # bits per byte of the val text: comparable across tokenizers
 METRICS = frozenset(
     {
         BUDGET_DECAY_START_STEP,
@@ -76,6 +77,7 @@ METRICS = frozenset(
         TRAIN_STEP_TIME_S,
         TRAIN_TOKENS_PER_S,
         TRAIN_TOKENS_SEEN,
+        VAL_BPB,
         VAL_LOSS,
     }
 )

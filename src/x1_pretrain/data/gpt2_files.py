@@ -111,3 +111,16 @@ def write_tokenizer_files(directory: Path, tok: Tokenizer, model_max_length: int
     for name, text in files.items():
         (directory / name).write_text(text, encoding="utf-8")
     return sorted(files)
+
+
+def hf_tokenizer_json(tok: Tokenizer) -> str:
+    """GPT-2's BPE as a ``tokenizers`` file: byte-level, GPT-2's split, the end-of-text token special."""
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HF
+
+    vocab, merges = vocab_and_merges(tok)
+    hf = HF(models.BPE(vocab=vocab, merges=merges))
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(EOT_TEXT, special=True)])
+    return str(hf.to_str())

@@ -21,12 +21,15 @@ import numpy as np
 from .. import __version__
 from ..core.errors import DataError
 from ..core.fileio import fsync_dir
+from . import hf_tokenizer
 from .sources import BadShard, Progress, discover, iter_documents
-from .tokenizer import EOT_ID, GPT2_VOCAB_SIZE, Tokenizer, load_gpt2
-from .tokens import file_key
+from .tokenizer import EOT_TEXT, load_gpt2
+from .tokens import bins_dtype, file_key
 
 FORMAT_VERSION = 1
 TRAIN_BIN, VAL_BIN, COUNTS, META = "train.bin", "val.bin", "unigram_counts.npy", "meta.json"
+TOKENIZER_JSON = "tokenizer.json"  # the tokenizer that made the bins, as a Hugging Face tokenizers file
+_OUTPUTS = (TRAIN_BIN, VAL_BIN, COUNTS, TOKENIZER_JSON, META)  # renamed into place in this order: meta last
 SPLIT_RULE = (
     "document goes to val iff int.from_bytes(blake2b(f'{relpath}:{doc_index}', digest_size=8), "
     "'little') < val_fraction * 2**64; relpath is relative to --input-dir, doc_index counts "
@@ -62,19 +65,9 @@ class Encoded:
     chars: int
 
 
-def _encode_one(enc: Any) -> Callable[[str], np.ndarray]:
-    # encode_to_numpy skips the list-of-ints round trip; with no allowed special tokens it is
-    # encode_ordinary (a literal "<|endoftext|>" in a document is ordinary text). Older tiktoken lacks it.
-    if hasattr(enc, "encode_to_numpy"):
-        return lambda text: enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
-    return lambda text: np.asarray(enc.encode_ordinary(text), dtype=np.uint32)
-
-
-_EOT = np.array([EOT_ID], dtype=np.uint32)
-
-
-def encode_chunk(tok: Tokenizer, chunk: Chunk, val_fraction: float) -> Encoded:
-    encode = _encode_one(tok.encoding)
+def encode_chunk(tok: Any, chunk: Chunk, val_fraction: float) -> Encoded:
+    eot = np.array([tok.eot_id], dtype=np.uint32)
+    dtype = bins_dtype(tok.vocab_size)
     train_parts: list[np.ndarray] = []
     val_parts: list[np.ndarray] = []
     n_train = n_val = n_empty = chars = 0
@@ -84,15 +77,15 @@ def encode_chunk(tok: Tokenizer, chunk: Chunk, val_fraction: float) -> Encoded:
             n_empty += 1
             continue
         parts = val_parts if is_val(chunk.relpath, chunk.first_doc + i, val_fraction) else train_parts
-        parts.append(encode(text))
-        parts.append(_EOT)
+        parts.append(tok.encode_array(text))
+        parts.append(eot)
         if parts is val_parts:
             n_val += 1
         else:
             n_train += 1
-    train = np.concatenate(train_parts).astype(np.uint16) if train_parts else np.empty(0, np.uint16)
-    val = np.concatenate(val_parts).astype(np.uint16) if val_parts else np.empty(0, np.uint16)
-    counts = np.bincount(train, minlength=GPT2_VOCAB_SIZE).astype(np.int64)
+    train = np.concatenate(train_parts).astype(dtype) if train_parts else np.empty(0, dtype)
+    val = np.concatenate(val_parts).astype(dtype) if val_parts else np.empty(0, dtype)
+    counts = np.bincount(train, minlength=tok.vocab_size).astype(np.int64)
     return Encoded(chunk.seq, chunk.file_index, train, val, n_train, n_val, n_empty, counts, chars)
 
 
@@ -100,8 +93,9 @@ def encode_chunk(tok: Tokenizer, chunk: Chunk, val_fraction: float) -> Encoded:
 _WORKER: dict[str, Any] = {}
 
 
-def _worker_init(tokenizer_file: str | None, val_fraction: float) -> None:
-    _WORKER["tok"] = load_gpt2(tokenizer_file)
+def _worker_init(spec: tuple[str, ...], val_fraction: float) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread a worker: the pool is the parallelism
+    _WORKER["tok"] = hf_tokenizer.from_spec(spec)
     _WORKER["val_fraction"] = val_fraction
 
 
@@ -116,7 +110,10 @@ class TokenizeJob:
 
     input_dir: Path
     output_dir: Path
-    tokenizer_file: str | None = None
+    tokenizer_file: str | None = None  # GPT-2's gpt2.tiktoken (--tokenizer-file)
+    tokenizer: str = "gpt2"  # "gpt2" or the path of a tokenizer.json
+    train_vocab: int | None = None  # --train-tokenizer --vocab-size N
+    eot_token: str = EOT_TEXT
     val_fraction: float = 0.001
     workers: int = 1
     text_column: str = "text"
@@ -187,17 +184,23 @@ def _fsync_close(f: BinaryIO) -> None:
     f.close()
 
 
-def fingerprint(sources: list[Path], input_dir: Path, job: TokenizeJob, tok: Tokenizer) -> dict[str, Any]:
-    """What the output depends on; a complete output with the same fingerprint is not redone."""
-    return {
+def fingerprint(sources: list[Path], input_dir: Path, job: TokenizeJob, tok: Any) -> dict[str, Any]:
+    """What the output depends on; a complete output with the same fingerprint is not redone. A tokenizer trained
+    here is named by its recipe (training is deterministic): the check comes before the training."""
+    fp = {
         "format_version": FORMAT_VERSION,
         "sources": [[p.relative_to(input_dir).as_posix(), p.stat().st_size, p.stat().st_mtime_ns] for p in sources],
         "val_fraction": job.val_fraction,
         "text_column": job.text_column,
-        "tokenizer": tok.name,
-        "tokenizer_sha256": tok.file_sha256,
+        "tokenizer": tok.name if tok is not None else "trained-bpe",
+        "tokenizer_sha256": tok.file_sha256 if tok is not None else None,
         "skip_bad_files": bool(job.skip_bad_files),
     }
+    if tok is None:
+        fp["train_vocab"] = job.train_vocab
+    if tok is None or tok.name != "gpt2":  # GPT-2's fingerprint is what it was before other tokenizers existed
+        fp["eot_token"] = job.eot_token
+    return fp
 
 
 def _existing_state(out: Path, fp: dict[str, Any]) -> str:
@@ -209,10 +212,11 @@ def _existing_state(out: Path, fp: dict[str, Any]) -> str:
         meta = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError):
         return "complete-other"
+    itemsize = np.dtype(meta.get("dtype", "uint16")).itemsize if meta.get("dtype") in ("uint16", "uint32") else 0
     for split, name in (("train", TRAIN_BIN), ("val", VAL_BIN)):
         want = meta.get("splits", {}).get(split, {}).get("tokens")
         f = out / name
-        if want is None or not f.is_file() or f.stat().st_size != 2 * want:
+        if want is None or not f.is_file() or f.stat().st_size != itemsize * want:
             return "complete-other"
     return "complete-same" if meta.get("fingerprint") == fp else "complete-other"
 
@@ -256,15 +260,16 @@ def _chunks(
 class _Output:
     """The partial output files and the running statistics; rolls a bad file back, writes meta last."""
 
-    def __init__(self, out: Path, files: list[FileStats], reporter: _Reporter, progress: Progress) -> None:
+    def __init__(self, out: Path, files: list[FileStats], reporter: _Reporter, progress: Progress, vocab: int) -> None:
         self.out, self.files, self.reporter, self.progress = out, files, reporter, progress
         out.mkdir(parents=True, exist_ok=True)
         for stale in out.glob(".*.partial-*"):
             stale.unlink(missing_ok=True)
-        self.tmp = {name: out / f".{name}.partial-{os.getpid()}" for name in (TRAIN_BIN, VAL_BIN, COUNTS, META)}
+        self.tmp = {name: out / f".{name}.partial-{os.getpid()}" for name in _OUTPUTS}
         self.f_train = open(self.tmp[TRAIN_BIN], "wb")  # noqa: SIM115 (closed by finish/discard)
         self.f_val = open(self.tmp[VAL_BIN], "wb")  # noqa: SIM115
-        self.counts = np.zeros(GPT2_VOCAB_SIZE, np.int64)
+        self.vocab = vocab
+        self.counts = np.zeros(vocab, np.int64)
         self.pending: dict[int, np.ndarray] = {}  # unigram counts of files still being read
         self.good: set[int] = set()
         self.start: dict[int, tuple[int, int]] = {}
@@ -294,7 +299,7 @@ class _Output:
         if res.file_index in self.good:
             self.counts += res.counts
         else:
-            self.pending.setdefault(res.file_index, np.zeros(GPT2_VOCAB_SIZE, np.int64))
+            self.pending.setdefault(res.file_index, np.zeros(self.vocab, np.int64))
             self.pending[res.file_index] += res.counts
         done = self.bytes_before + self.progress.fraction * self.files[self.cur_file].bytes
         self.reporter.update(
@@ -330,8 +335,9 @@ class _Output:
         bad = {s["path"] for s in self.skipped}
         return [fs for fs in self.files if fs.path not in bad]
 
-    def finish(self, meta: dict[str, Any]) -> None:
-        """Close and fsync the bins and counts, write meta.json, rename everything into place (meta last)."""
+    def finish(self, meta: dict[str, Any], tokenizer_json: str) -> None:
+        """Close and fsync the bins, counts and tokenizer, write meta.json, rename everything into place (meta
+        last)."""
         for fi in list(self.pending):  # files that ended cleanly before their last chunk came back
             self.counts += self.pending.pop(fi)
         _fsync_close(self.f_train)
@@ -345,27 +351,25 @@ class _Output:
             np.save(f, self.counts)
             f.flush()
             os.fsync(f.fileno())
+        with open(self.tmp[TOKENIZER_JSON], "w", encoding="utf-8") as ft:
+            ft.write(tokenizer_json)
+            ft.flush()
+            os.fsync(ft.fileno())
         with open(self.tmp[META], "w") as fm:
             json.dump(meta, fm, indent=2)
             fm.write("\n")
             fm.flush()
             os.fsync(fm.fileno())
         (self.out / META).unlink(missing_ok=True)  # from here until the last rename the output is "not finished"
-        for name in (TRAIN_BIN, VAL_BIN, COUNTS, META):
+        for name in _OUTPUTS:
             os.replace(self.tmp[name], self.out / name)
         fsync_dir(self.out)
 
 
-def _encode_all(
-    job: TokenizeJob, tok: Tokenizer, sources: list[Path], output: _Output, log: Callable[[str], None]
-) -> None:
+def _encode_all(job: TokenizeJob, tok: Any, sources: list[Path], output: _Output, log: Callable[[str], None]) -> None:
     """Stream every shard through the encoder (a process pool when workers > 1), in order, into ``output``."""
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    pool = (
-        ctx.Pool(job.workers, _worker_init, (tok.source if tok.file_sha256 else None, job.val_fraction))
-        if job.workers > 1
-        else None
-    )
+    pool = ctx.Pool(job.workers, _worker_init, (hf_tokenizer.spec(tok), job.val_fraction)) if job.workers > 1 else None
     inflight: deque[Any] = deque()
 
     def drain(keep: int = 0) -> None:
@@ -406,7 +410,7 @@ def run(job: TokenizeJob, log: Callable[[str], None]) -> dict[str, Any]:
         raise DataError(f"--workers {job.workers} must be at least 1")
     job = replace(job, input_dir=input_dir)
     sources = discover(input_dir)
-    tok = load_gpt2(job.tokenizer_file)
+    tok = _given_tokenizer(job)
     fp = fingerprint(sources, input_dir, job, tok)
     state = _existing_state(out, fp)
     if state == "complete-same" and not job.overwrite:
@@ -420,8 +424,11 @@ def run(job: TokenizeJob, log: Callable[[str], None]) -> dict[str, Any]:
             f"{out} already holds a tokenization of other inputs or settings ({META} differs); "
             "pass --overwrite to replace it, or choose another --output-dir"
         )
+    if tok is None:
+        tok = _train_tokenizer(job, sources, log)
     files = [FileStats(p.relative_to(input_dir).as_posix(), p.stat().st_size) for p in sources]
-    output = _Output(out, files, _Reporter(sum(f.bytes for f in files), every_s=job.log_every_s), Progress())
+    reporter = _Reporter(sum(f.bytes for f in files), every_s=job.log_every_s)
+    output = _Output(out, files, reporter, Progress(), tok.vocab_size)
     try:
         _encode_all(job, tok, sources, output, log)
         good = output.good_files()
@@ -444,22 +451,58 @@ def run(job: TokenizeJob, log: Callable[[str], None]) -> dict[str, Any]:
         force=True,
     )
     meta = _meta(job, tok, output, totals, fp)
+    tok_json = tok.to_json()
+    meta["tokenizer_json_sha256"] = hashlib.sha256(tok_json.encode("utf-8")).hexdigest()
     meta["elapsed_s"] = round(time.monotonic() - t_start, 3)
-    output.finish(meta)
+    output.finish(meta, tok_json)
     return meta
 
 
-def _meta(
-    job: TokenizeJob, tok: Tokenizer, output: _Output, totals: dict[str, int], fp: dict[str, Any]
-) -> dict[str, Any]:
+def _given_tokenizer(job: TokenizeJob) -> Any:
+    """The tokenizer the flags name, or None when it is to be trained on the input (after the fingerprint check:
+    a complete output of the same recipe is not trained again)."""
+    if job.train_vocab is not None:
+        return None
+    if job.tokenizer == "gpt2":
+        return load_gpt2(job.tokenizer_file)
+    return hf_tokenizer.load_tokenizer_json(Path(job.tokenizer), job.eot_token)
+
+
+def _train_tokenizer(job: TokenizeJob, sources: list[Path], log: Callable[[str], None]) -> Any:
+    t0 = time.monotonic()
+    want = int(job.train_vocab or 0)
+    log(f"training a byte-level BPE of {want:,} ids on {len(sources)} files (one pass over the text)")
+
+    def texts() -> Iterator[str]:
+        for path in sources:
+            try:
+                for text in iter_documents(path, job.text_column):
+                    if text.strip():
+                        yield text
+            except BadShard as e:  # its documents before the fault were seen: the same for the same input
+                if not job.skip_bad_files:
+                    raise
+                log(f"tokenizer training: skipped the rest of bad file {e}")
+
+    tty = getattr(sys.stderr, "isatty", lambda: False)()
+    tok = hf_tokenizer.train_bpe(texts(), want, job.eot_token, show_progress=tty)
+    short = f" (asked {want:,}: the text holds no more pairs seen twice)" if tok.vocab_size < want else ""
+    log(f"trained {tok.vocab_size:,} ids in {time.monotonic() - t0:.1f} s{short}; sha256 {tok.file_sha256[:16]}…")
+    return tok
+
+
+def _meta(job: TokenizeJob, tok: Any, output: _Output, totals: dict[str, int], fp: dict[str, Any]) -> dict[str, Any]:
+    dtype = np.dtype(bins_dtype(tok.vocab_size)).name
     return {
-        "format": "nanoGPT flat little-endian uint16, no header; each document followed by one EOT",
+        "format": f"nanoGPT flat little-endian {dtype}, no header; each document followed by one EOT",
         "tokenizer": tok.name,
         "tokenizer_source": tok.source,
         "tokenizer_sha256": tok.file_sha256,
+        "tokenizer_file": TOKENIZER_JSON,
         "vocab_size": tok.vocab_size,
         "eot_id": tok.eot_id,
-        "dtype": "uint16",
+        "eot_token": EOT_TEXT if tok.name == "gpt2" else tok.hf.id_to_token(tok.eot_id),
+        "dtype": dtype,
         "splits": {
             "train": {
                 "file": TRAIN_BIN,
@@ -493,11 +536,18 @@ def _meta(
 def summary(meta: dict[str, Any], out: Path) -> str:
     tr, va = meta["splits"]["train"], meta["splits"]["val"]
     total = tr["tokens"] + va["tokens"]
+    itemsize = np.dtype(meta.get("dtype", "uint16")).itemsize
+
+    def mb(split: dict[str, Any]) -> str:
+        return f"{itemsize * split['tokens'] / 1e6:10.2f} MB"
+
     rate = total / meta["elapsed_s"] if meta["elapsed_s"] else float("nan")
     lines = [
         f"[tokenize] output: {out}",
-        f"  train.bin  {tr['tokens']:>14,} tokens  {tr['documents']:>10,} docs  {2 * tr['tokens'] / 1e6:10.2f} MB",
-        f"  val.bin    {va['tokens']:>14,} tokens  {va['documents']:>10,} docs  {2 * va['tokens'] / 1e6:10.2f} MB",
+        f"  train.bin  {tr['tokens']:>14,} tokens  {tr['documents']:>10,} docs  {mb(tr)}",
+        f"  val.bin    {va['tokens']:>14,} tokens  {va['documents']:>10,} docs  {mb(va)}",
+        f"  tokenizer: {meta['tokenizer']} ({meta['vocab_size']:,} ids, end of text {meta['eot_id']}, "
+        f"{meta.get('dtype', 'uint16')} bins)",
         f"  empty documents skipped: {meta['empty_documents_skipped']:,}; "
         f"bad files skipped: {len(meta['skipped_files'])}",
         f"  {len(meta['sources'])} source files, {meta['elapsed_s']:.1f} s, {rate / 1e6:.2f} M tokens/s, "

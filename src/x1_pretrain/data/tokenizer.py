@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ..core.errors import TokenizerNotFound
 from ..core.fileio import sha256_file
 
@@ -72,6 +74,25 @@ class Tokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """``encode`` as a uint32 array (no list of Python ints on the way)."""
+        enc = self.encoding
+        if hasattr(enc, "encode_to_numpy"):  # older tiktoken lacks it
+            return np.asarray(enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()), np.uint32)
+        return np.asarray(enc.encode_ordinary(text), dtype=np.uint32)
+
+    def to_json(self) -> str:
+        """The same BPE as a Hugging Face ``tokenizer.json`` (vocab and merges rebuilt from the ranks)."""
+        from .gpt2_files import hf_tokenizer_json
+
+        return hf_tokenizer_json(self)
+
+    def token_bytes(self) -> np.ndarray:
+        """The UTF-8 bytes each id stands for (0 for the end-of-text token): bits per byte's denominator."""
+        out = np.array([len(self.encoding.decode_single_token_bytes(i)) for i in range(self.vocab_size)], np.int64)
+        out[self.eot_id] = 0
+        return out
 
 
 def _candidates(explicit: str | os.PathLike[str] | None) -> list[tuple[str, Path]]:

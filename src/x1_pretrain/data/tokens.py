@@ -25,6 +25,7 @@ import torch
 
 from ..core.errors import DataError
 from ..core.fileio import write_text_atomic
+from .tokenizer import GPT2_TIKTOKEN_SHA256
 
 _SAMPLE_SLICES = 64
 _SAMPLE_LEN = 16384
@@ -56,6 +57,27 @@ class TokenData:
         }
         return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()
 
+    @property
+    def tokenizer_sha256(self) -> str:
+        return tokenizer_hash(self.meta)
+
+
+UINT16_MAX_VOCAB = 65535  # bins are uint16 up to this vocab size, uint32 above it
+DTYPES = ("uint16", "uint32")
+
+
+def bins_dtype(vocab_size: int) -> type[np.unsignedinteger[Any]]:
+    """The bins' element type for a tokenizer of ``vocab_size`` ids."""
+    return np.uint16 if vocab_size <= UINT16_MAX_VOCAB else np.uint32
+
+
+def tokenizer_hash(meta: dict[str, Any]) -> str:
+    """Which tokenizer made the ids: the sha256 of its file (GPT-2's: of the hash-checked ranks, however it was
+    loaded)."""
+    if meta.get("tokenizer", "gpt2") == "gpt2":
+        return GPT2_TIKTOKEN_SHA256
+    return str(meta.get("tokenizer_sha256"))
+
 
 def file_key(path: Path) -> dict[str, int]:
     """What a validation result is keyed by: the file's size and modification time (any rewrite changes them)."""
@@ -73,7 +95,7 @@ def scan_max_id(tokens: np.ndarray, path: Path, vocab_size: int) -> int:
         if m >= vocab_size:
             off = start + int(np.argmax(part >= vocab_size))
             raise DataError(
-                f"{path}: token id {int(tokens[off])} at token offset {off:,} (byte {2 * off:,}) is out "
+                f"{path}: token id {int(tokens[off])} at token offset {off:,} (byte {tokens.itemsize * off:,}) is out "
                 f"of range for model.vocab_size {vocab_size}; the file was made with another tokenizer "
                 "or is damaged (re-tokenize it), or model.vocab_size is wrong"
             )
@@ -111,6 +133,25 @@ def _check_sample(tokens: np.ndarray, path: Path, eot_id: int | None) -> None:
         )
 
 
+def _check_vocab(meta: dict[str, Any], meta_path: Path, vocab_size: int) -> None:
+    """The model must have a row for every id the tokenizer makes; more rows than that are a config slip too."""
+    data_vocab = meta.get("vocab_size")
+    if data_vocab == vocab_size:
+        return
+    largest = max((s.get("max_id", -1) for s in (meta.get("splits") or {}).values() if isinstance(s, dict)), default=-1)
+    seen = f" (its largest id in the bins: {largest:,})" if isinstance(largest, int) and largest >= 0 else ""
+    if isinstance(data_vocab, int) and vocab_size < data_vocab:
+        raise DataError(
+            f"model.vocab_size {vocab_size:,} is smaller than the data's tokenizer: {meta_path} says vocab_size "
+            f"{data_vocab:,}{seen}; the model would index past its embedding\n"
+            f"  hint: set model.vocab_size: auto (or --set model.vocab_size={data_vocab}) to take the data's"
+        )
+    raise DataError(
+        f"{meta_path}: vocab_size {data_vocab} does not match model.vocab_size {vocab_size}{seen}; tokenize with "
+        "the model's tokenizer, or set model.vocab_size: auto to take the data's"
+    )
+
+
 def open_token_data(data_dir: str | Path, vocab_size: int, seq_len: int) -> TokenData:
     """Memory-map and validate ``train.bin``/``val.bin`` against ``meta.json`` and the model config."""
     d = Path(data_dir)
@@ -126,14 +167,13 @@ def open_token_data(data_dir: str | Path, vocab_size: int, seq_len: int) -> Toke
         raise DataError(f"{meta_path}: cannot be read as JSON ({e}); {hint}") from None
     if not isinstance(meta, dict):
         raise DataError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}; {hint}")
-    meta_vocab = meta.get("vocab_size")
-    if meta_vocab != vocab_size:
+    _check_vocab(meta, meta_path, vocab_size)
+    dtype_name = meta.get("dtype", "uint16")
+    if dtype_name not in DTYPES:
         raise DataError(
-            f"{meta_path}: vocab_size {meta_vocab} does not match model.vocab_size {vocab_size}; "
-            "tokenize with the model's tokenizer or set model.vocab_size to match"
+            f"{meta_path}: dtype {dtype_name!r} is not one of {', '.join(DTYPES)}; re-tokenize with tokenize_data"
         )
-    if meta.get("dtype", "uint16") != "uint16":
-        raise DataError(f"{meta_path}: dtype {meta.get('dtype')!r}; only uint16 token files are supported")
+    dtype = np.dtype(dtype_name)
     eot = meta.get("eot_id")
     splits = {}
     changed = False
@@ -142,15 +182,18 @@ def open_token_data(data_dir: str | Path, vocab_size: int, seq_len: int) -> Toke
         if not path.is_file():
             raise DataError(f"{path} is missing; {hint}")
         size = path.stat().st_size
-        if size % 2:
-            raise DataError(f"{path}: {size} bytes is odd; a uint16 token file has an even size (truncated copy?)")
-        want = meta.get("splits", {}).get(split, {}).get("tokens")
-        if want is not None and want * 2 != size:
+        if size % dtype.itemsize:
             raise DataError(
-                f"{path}: {size // 2:,} tokens but meta.json says {want:,}; the files do not belong "
+                f"{path}: {size} bytes is not a whole number of {dtype_name} tokens ({dtype.itemsize} bytes "
+                "each): a truncated copy?"
+            )
+        want = meta.get("splits", {}).get(split, {}).get("tokens")
+        if want is not None and want * dtype.itemsize != size:
+            raise DataError(
+                f"{path}: {size // dtype.itemsize:,} tokens but meta.json says {want:,}; the files do not belong "
                 f"together (re-copy the directory or re-tokenize)"
             )
-        tokens = np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
+        tokens = np.memmap(path, dtype=dtype, mode="r") if size else np.zeros(0, dtype)
         if tokens.size < seq_len + 1:
             raise DataError(
                 f"{path}: {tokens.size:,} tokens is fewer than one window of model.seq_len + 1 = "

@@ -22,7 +22,7 @@ from ..core import config as C
 from ..core import contract, redact
 from ..core import names as N
 from ..core.env import machine, versions
-from ..core.errors import X1Error
+from ..core.errors import DataError, TokenizerNotFound, X1Error
 from ..core.log import Log, as_log
 from ..data.tokens import Prefetcher, Sampler, TokenData, gather, open_token_data, val_starts
 from ..model import flops
@@ -222,6 +222,7 @@ class TrainerState:
             "wall_clock_s": time.time() - self.ctx.started_unix + self.wall_before,
             "last_loss": st.last_loss,
             "last_val_loss": st.last_val_loss,
+            "last_val_bpb": st.last_val_bpb,
             "rng": ck.rng_state(),
             "data_position": {
                 "next_step": st.step,
@@ -232,6 +233,8 @@ class TrainerState:
             },
             "data_dir": str(self.data.directory),
             "data_identity": self.data.identity,
+            "tokenizer_sha256": self.data.tokenizer_sha256,
+            "tokenizer": {k: self.data.meta.get(k) for k in ("tokenizer", "vocab_size", "eot_id", "eot_token")},
             "config_sha256": cfg.sha256(),
             "config": cfg.to_dict(),
             "mlflow_uri": redact.url(self.uri),
@@ -361,12 +364,12 @@ def _horizon(cfg: C.Config, resume: Resume) -> Horizon:
     return planned(cfg.train.total_steps, cfg.optim)
 
 
-def _task_eval(ctx: Context) -> list[Any]:
+def _task_eval(ctx: Context, data: TokenData) -> list[Any]:
     """The in-loop task scores (rank 0), their sets read (fetched on first use) before anything else is built: a
     missing set is a usage error now, not a failure hours in."""
     if not ctx.cfg.train.eval_tasks.strip() or not ctx.world.main:
         return []
-    from ..data.tokenizer import load_gpt2
+    from ..data import hf_tokenizer
     from ..evals.registry import task_list
     from ..evals.run import load_items
     from ..trainer.task_eval import TaskEval
@@ -380,7 +383,37 @@ def _task_eval(ctx: Context) -> list[Any]:
         + "when the run ends, within "
         f"{t.eval_tasks_max_s:g} s each time"
     )
-    return [TaskEval(items, load_gpt2().encode, ctx.log, alert_sender(ctx), eval_cost(ctx.cfg))]
+    encode = hf_tokenizer.of_data(data.directory, data.meta).encode  # the data's tokenizer: the model's ids
+    return [TaskEval(items, encode, ctx.log, alert_sender(ctx), eval_cost(ctx.cfg))]
+
+
+def keep_tokenizer(data: TokenData, ckpt_dir: Path) -> None:
+    """A copy of the data's tokenizer.json in the checkpoint dir (where none is yet), so the run's checkpoints
+    export and sample without the data dir; GPT-2's BPE is x1's own and is not copied. Written after the resume
+    check: a checkpoint dir's tokenizer is never replaced by another data's."""
+    from ..core.fileio import write_text_atomic
+
+    if data.meta.get("tokenizer", "gpt2") == "gpt2":
+        return
+    src = data.directory / str(data.meta.get("tokenizer_file") or "tokenizer.json")
+    dest = ckpt_dir / "tokenizer.json"
+    if src.is_file() and not dest.exists():
+        write_text_atomic(dest, src.read_text(encoding="utf-8"))
+
+
+def _val_token_bytes(data: TokenData, log: Log) -> Any:
+    """The UTF-8 bytes of each id of the data's tokenizer (val/bpb's denominator), or None with a note when the
+    tokenizer cannot be loaded (the run trains; it logs val/loss only)."""
+    import torch
+
+    from ..data import hf_tokenizer
+
+    try:
+        table = hf_tokenizer.of_data(data.directory, data.meta).token_bytes()
+    except (DataError, TokenizerNotFound) as e:
+        log(f"warning: no val/bpb for this run: the data's tokenizer cannot be loaded ({str(e).splitlines()[0]})")
+        return None
+    return torch.from_numpy(table)
 
 
 def _val_batches(ctx: Context, data: TokenData, resume: Resume) -> list[Any]:
@@ -430,8 +463,10 @@ def build_run(ctx: Context) -> Built:
     """Build everything the loop needs, in the order the log tells it."""
     cfg, log = ctx.cfg, ctx.log
     data, uri, artifact_location = _open_store(ctx)
-    task_eval = _task_eval(ctx)
+    task_eval = _task_eval(ctx, data)
     resume = _resume(ctx, data)
+    if ctx.world.main:
+        keep_tokenizer(data, ctx.ckpt_dir)
     model, forward, optimizer, state = _model(ctx, resume)
     ddp = forward if ctx.world.size > 1 else None
     fallback: CompileFallback | None = None
@@ -526,6 +561,7 @@ def build_run(ctx: Context) -> Built:
         optimizer_flops_per_step=newton_schulz_flops_per_step(optimizer),
         horizon=_horizon(cfg, resume),
         alert=alert,
+        val_token_bytes=_val_token_bytes(data, log),
     )
     return Built(run, state, resume, tracker, checkpointer, control, sampler, data)
 

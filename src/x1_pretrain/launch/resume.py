@@ -142,6 +142,14 @@ def check_compatible(
     """Differences between the checkpoint's run and this one; raises unless --allow-config-change (an optimizer
     of another ``optim.name``: unless --reset-optimizer)."""
     saved = found.state
+    written_with = saved.get("tokenizer_sha256")  # None: a checkpoint from before x1 recorded it
+    if written_with is not None and written_with != data.tokenizer_sha256:
+        raise X1Error(
+            f"{found.path} was trained on ids of the tokenizer with sha256 {written_with}; {data.directory} was "
+            f"tokenized with sha256 {data.tokenizer_sha256}: the same ids mean other text, so it cannot resume\n"
+            f"  hint: resume on data tokenized with the run's tokenizer (its data dir was {saved.get('data_dir')}), "
+            "or start a new run (another --ckpt-dir) on this data"
+        )
     changes: list[str] = []
     saved_keys = C.flatten(C.upgrade(saved.get("config", {})))
     written = saved_keys.get("optim.name", "adamw")
@@ -240,4 +248,5 @@ def restore(found: ck.Found, model: Any, optimizer: Any, device: Any, reset_log:
         train_time_s=s["train_time_s"],
         last_loss=s.get("last_loss", math.nan),
         last_val_loss=s.get("last_val_loss", math.nan),
+        last_val_bpb=s.get("last_val_bpb", math.nan),
     )

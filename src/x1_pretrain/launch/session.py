@@ -178,7 +178,7 @@ def train(opts: TrainOptions) -> int:
 
     started_unix = time.time()
     world = distributed.world_from_env()
-    cfg = C.load(opts.config, opts.overrides, list(opts.sets), world_size=world.size)
+    cfg = C.load(opts.config, opts.overrides, list(opts.sets), world_size=world.size, vocab=C.data_vocab(opts.data_dir))
     log: Log = console if world.main else _quiet  # ranks other than 0 train quietly; errors still reach stderr
     if world.size > 1:
         log(

@@ -447,6 +447,20 @@ class Transformer(nn.Module):
             return logits
         return F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
 
+    @torch.no_grad()
+    def token_nats(self, idx: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 4096) -> torch.Tensor:
+        """Each target's cross-entropy in nats, (B*T,) fp32: the head taken over ``chunk_tokens`` rows at a time,
+        so eval never holds the (tokens x vocab) logits (what the val loss and bits per byte sum)."""
+        h = self.hidden(idx).reshape(-1, self.config.d_model)
+        y = targets.reshape(-1)
+        vocab = self.config.vocab_size
+        out = torch.empty(y.shape, dtype=torch.float32, device=h.device)
+        for start in range(0, h.shape[0], chunk_tokens):
+            stop = min(start + chunk_tokens, h.shape[0])
+            logits = self.lm_head(h[start:stop])[..., :vocab].float()
+            out[start:stop] = F.cross_entropy(logits, y[start:stop], reduction="none")
+        return out
+
 
 def state_dict_for_saving(model: nn.Module) -> dict[str, torch.Tensor]:
     """The weights under transformers-Llama names, without the tied ``lm_head.weight`` duplicate."""

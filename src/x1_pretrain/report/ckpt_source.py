@@ -106,10 +106,25 @@ def locate(path: Path, warn: Warn = _stderr) -> tuple[Path, dict[str, Any] | Non
     return path, None, ""
 
 
+def _weights_vocab(weights: Path) -> int | None:
+    """The embedding's rows in a weights file (what ``model.vocab_size: auto`` means for it), read from the
+    header only."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(weights), "pt") as f:
+            name = next((k for k in f.keys() if k.endswith("embed_tokens.weight")), None)  # noqa: SIM118
+            return int(f.get_slice(name).get_shape()[0]) if name else None
+    except Exception:  # a damaged file is reported, by name, where its weights are loaded
+        return None
+
+
 def resolve(path: Path, config_file: Path | None = None, sets: list[str] | None = None, warn: Warn = _stderr) -> Source:
     weights, state, state_from = locate(path, warn)
     if config_file is not None:
-        return Source(weights, C.load(config_file, sets=sets).model, state, str(config_file))
+        return Source(
+            weights, C.load(config_file, sets=sets, vocab=_weights_vocab(weights)).model, state, str(config_file)
+        )
     if sets:
         raise X1Error("--set needs --config (the overrides apply to that file)")
     saved = state.get("config") if state is not None else None

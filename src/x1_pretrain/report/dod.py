@@ -91,6 +91,8 @@ def check_val_loss(m: dict[str, Any] | None, band: tuple[float, float]) -> Check
         return Check(2, name, False, "no final val loss in manifest.json (loss.final_val)")
     step = _get(m, "loss.final_val_step")
     at = f" at step {step:,}" if isinstance(step, int) else ""
+    bpb = _get(m, "loss.final_val_bpb")
+    at += f" ({bpb:.4f} bits per byte)" if isinstance(bpb, (int, float)) else ""
     if lo <= val <= hi:
         return Check(2, name, True, f"val loss {val:.4f}{at}")
     side = "above" if val > hi else "below"

@@ -14,6 +14,7 @@ from .. import __version__
 from ..core import safetensors_io as st
 from ..core.errors import X1Error
 from ..core.fileio import fsync_tree, replace_dir
+from . import model_card
 from .ckpt_source import Source, load_model
 
 # transformers 5.x disables itself below torch 2.6 ("PyTorch >= 2.6 is required"); the 4.x line up to 4.57 loads
@@ -43,6 +44,9 @@ def hf_files(src: Source) -> tuple[dict[str, Any], dict[str, Any]]:
     from ..model.transformer import hf_config
 
     cfg = {**hf_config(src.model), "torch_dtype": "float32", "use_cache": True}
+    eot = model_card.tokenizer_info(src).get("eot_id")
+    if isinstance(eot, int):  # the data's end of text (GPT-2's is the last id, hf_config's default)
+        cfg["bos_token_id"] = cfg["eos_token_id"] = eot
     return cfg, generation_config(cfg["eos_token_id"])
 
 
@@ -97,6 +101,11 @@ def export(
             "tokenizer": tokenizer_note,
         }
         _write_json(tmp / "x1_export.json", record)
+        resolved = model_card.config_yaml(src)
+        if resolved is not None:
+            (tmp / "x1_config.yaml").write_text(resolved)
+        card = model_card.card(src, record, tokenizer_note, model_card.task_scores(src))
+        (tmp / "README.md").write_text(card, encoding="utf-8")
         fsync_tree(tmp)
         replace_dir(tmp, output)
     except BaseException:
@@ -108,6 +117,8 @@ def export(
 def _tokenizer(tmp: Path, src: Source, tokenizer_file: str | None, wanted: bool, log: Any) -> str:
     if not wanted:
         return "not written (--no-tokenizer)"
+    if model_card.uses_own_tokenizer(src):
+        return _own_tokenizer(tmp, src, log)
     from ..data.gpt2_files import write_tokenizer_files
     from ..data.tokenizer import GPT2_VOCAB_SIZE, load_gpt2
 
@@ -132,3 +143,20 @@ def _tokenizer(tmp: Path, src: Source, tokenizer_file: str | None, wanted: bool,
         )
         return f"not written: {first}"
     return f"GPT-2 BPE from {tok.source}: {', '.join(names)}"
+
+
+def _own_tokenizer(tmp: Path, src: Source, log: Any) -> str:
+    """The data's tokenizer.json (the run's, by its sha256) as a transformers tokenizer folder."""
+    path, looked = model_card.find_tokenizer(src)
+    if path is None:
+        where = "; ".join(looked) or "no place to look"
+        log(
+            f"warning: the model was exported WITHOUT its tokenizer: no tokenizer.json with the run's sha256 "
+            f"({where}); copy the data dir's tokenizer.json beside the checkpoint and export again"
+        )
+        return f"not written: the run's tokenizer.json was not found ({where})"
+    info = model_card.tokenizer_info(src)
+    files = model_card.tokenizer_folder(path.read_text(encoding="utf-8"), str(info.get("eot_token")), src.model.seq_len)
+    for name, text in files.items():
+        (tmp / name).write_text(text, encoding="utf-8")
+    return f"the data's own tokenizer from {path}: {', '.join(sorted(files))}"

@@ -389,6 +389,7 @@ def build(
         "loss": {
             "final_train": _finite(state.get("last_loss")),
             "final_val": _finite(state.get("last_val_loss")),
+            "final_val_bpb": _finite(state.get("last_val_bpb")),
             "final_val_step": val[-1].step if val else None,
             "min_val": min((p.value for p in val), default=None),
         },

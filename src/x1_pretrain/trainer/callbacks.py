@@ -46,7 +46,12 @@ class ValLog(Callback):
 
     def after_eval(self, run: Run, state: LoopState, val_loss: float) -> None:
         run.record_metric(state.step, N.VAL_LOSS, val_loss)
-        run.console(f"step {state.step:>7} | val loss {val_loss:.4f}")
+        bpb = state.last_val_bpb
+        if bpb == bpb:  # not NaN: the run has the data's byte table
+            run.record_metric(state.step, N.VAL_BPB, bpb)
+        run.console(
+            f"step {state.step:>7} | val loss {val_loss:.4f}" + (f" | {bpb:.4f} bits/byte" if bpb == bpb else "")
+        )
 
 
 class CheckpointCadence(Callback):

@@ -48,6 +48,7 @@ class LoopState:
     train_time_s: float = 0.0  # wall-clock spent in training steps, summed over restarts
     last_loss: float = float("nan")
     last_val_loss: float = float("nan")
+    last_val_bpb: float = float("nan")  # bits per byte at the last eval (NaN: no byte table)
     last_step_s: float = float("nan")  # duration of the latest step (not saved)
     last_eval_step: int = -1  # the step the val loss was last measured at (not saved)
 
@@ -183,6 +184,7 @@ class Run:
     proposed_end: int = 0  # rank 0's wish for a new end (--budget-fit), agreed at the next boundary
     alert: Callable[[str, str], None] | None = None  # (subject, body) to the configured channels, if any
     metrics: StepMetrics = field(default_factory=StepMetrics)  # what components record for a step
+    val_token_bytes: torch.Tensor | None = None  # (vocab,) int64: the UTF-8 bytes of each id (bits per byte)
 
     def record_metric(self, step: int, name: str, value: float) -> None:
         """Record ``name`` = ``value`` for ``step``; the loop logs it with the step's other values."""
@@ -216,18 +218,35 @@ def param_norm(model: nn.Module) -> float:
 
 @torch.no_grad()
 def evaluate(run: Run) -> float:
-    """Mean loss over the fixed val windows (the same windows at every call), with the plain, eager module: a
+    """Mean loss over the fixed val windows (the same windows at every call)."""
+    return val_scores(run)[0]
+
+
+@torch.no_grad()
+def val_scores(run: Run) -> tuple[float, float]:
+    """(val loss in nats a token, bits per byte) over the fixed val windows, with the plain, eager module: a
     compiled model's first graph must be training's, not an inference-mode eval (pytorch/pytorch#135892), an
-    eval must never trigger (or fail in) a compilation, and no rank's eval may enter DDP's hooks."""
+    eval must never trigger (or fail in) a compilation, and no rank's eval may enter DDP's hooks.
+
+    Bits per byte: the nats of the targets that stand for text, summed, / ln 2 / the UTF-8 bytes of those
+    targets (``run.val_token_bytes[id]``; the end-of-text separator, 0 bytes, is in neither sum). It does not
+    depend on how the tokenizer cuts the text, so runs with different tokenizers compare; NaN without a table."""
     model = run.raw_model
-    total, count = 0.0, 0
+    nats, count, text_nats, n_bytes = 0.0, 0, 0.0, 0
+    table = run.val_token_bytes
     with scoring_mode(model):
         for x, y in run.val_batches:
             with run.autocast:
-                loss = model(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
-            total += float(loss) * x.shape[0]
-            count += x.shape[0]
-    return total / max(count, 1)
+                per = model.token_nats(x.to(run.device, non_blocking=True), y.to(run.device, non_blocking=True))
+            per = per.double().cpu()
+            nats += float(per.sum())
+            count += per.numel()
+            if table is not None:
+                b = table[y.reshape(-1)]
+                text_nats += float(per[b > 0].sum())
+                n_bytes += int(b.sum())
+    bpb = text_nats / math.log(2) / n_bytes if n_bytes else math.nan
+    return nats / max(count, 1), bpb
 
 
 @contextlib.contextmanager
@@ -472,7 +491,7 @@ def _agree_end(run: Run, next_step: int) -> None:
 
 def evaluate_and_tell(run: Run, state: LoopState) -> float:
     """Measure the val loss now and tell the callbacks (``after_eval``: the log line and the metric)."""
-    val = evaluate(run)
+    val, state.last_val_bpb = val_scores(run)
     state.last_val_loss, state.last_eval_step = val, state.step
     for cb in run.callbacks:
         cb.after_eval(run, state, val)
