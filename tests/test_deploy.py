@@ -116,7 +116,8 @@ def test_a_store_down_through_every_wait_is_recovered_on_a_new_vm(task):
 
 # --- the run script, executed with fake programs -------------------------------------------------------
 FAKE_PYTHON = r"""#!/usr/bin/env bash
-printf '%s\x1f' "$@" >> "$FAKE_DIR/calls"; echo >> "$FAKE_DIR/calls"
+# one write per call (O_APPEND): the sidecar and the budget server start at once, two writes each would interleave
+line="$(printf '%s\x1f' "$@")"; printf '%s\n' "$line" >> "$FAKE_DIR/calls"
 case "$*" in
   "-m x1_pretrain.budget_sidecar"*)
     prev=""; for a in "$@"; do [ "$prev" = --out ] && out="$a"; prev="$a"; done
@@ -139,7 +140,7 @@ case "$*" in
 esac
 """
 FAKE_HF_CLI = r"""#!/usr/bin/env bash
-printf '%s\x1f' huggingface-cli "$@" >> "$FAKE_DIR/calls"; echo >> "$FAKE_DIR/calls"
+line="$(printf '%s\x1f' huggingface-cli "$@")"; printf '%s\n' "$line" >> "$FAKE_DIR/calls"
 case "$*" in *fineweb-edu*) [ -n "${FAKE_HF_FAIL:-}" ] && exit 1 ;; esac
 prev=""; for a in "$@"; do [ "$prev" = --local-dir ] && dir="$a"; prev="$a"; done
 mkdir -p "$dir/sample/10BT" "$dir/test"; touch "$dir/sample/10BT/000_00000.parquet" "$dir/test/a.jsonl.zst"
