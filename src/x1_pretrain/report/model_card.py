@@ -77,6 +77,8 @@ def tokenizer_folder(text: str, eot_token: str, model_max_length: int) -> dict[s
         "add_bos_token": False,
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,  # decode(encode(text)) == text
+        # no token_type_ids: transformers 4.x's generate() refuses them for a Llama (generate(**tok(text)))
+        "model_input_names": ["input_ids", "attention_mask"],
         **special,
     }
     return {
