@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core.errors import DataError
 from .gpt2_files import bytes_to_unicode
-from .tokenizer import EOT_TEXT, GPT2_PATTERN
+from .tokenizer import EOT_TEXT, GPT2_PATTERN, tiktoken_array
 
 # a sample for the fast path's check: letters, digits, punctuation, runs of spaces, non-ASCII, a special's text
 _CHECK_TEXT = (
@@ -42,7 +42,12 @@ class FileTokenizer:
     eot_id: int
     vocab_size: int
     fast: Any = field(default=None)  # a tiktoken.Encoding with the same ids, or None
+    byte_level: bool = False  # a ByteLevel pre-tokenizer: each character of a piece stands for one byte
     name = "tokenizers"
+
+    @property
+    def eot_text(self) -> str:
+        return str(self.hf.id_to_token(self.eot_id))
 
     def encode(self, text: str) -> list[int]:
         """Ordinary text to ids (special-token strings in the text are encoded as plain text)."""
@@ -52,7 +57,7 @@ class FileTokenizer:
 
     def encode_array(self, text: str) -> np.ndarray:
         if self.fast is not None:
-            return _tiktoken_array(self.fast, text)
+            return tiktoken_array(self.fast, text)
         return np.asarray(self.hf.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
 
     def decode(self, ids: list[int]) -> str:
@@ -64,33 +69,17 @@ class FileTokenizer:
     def token_bytes(self) -> np.ndarray:
         """The UTF-8 bytes each id stands for (0 for special tokens): bits per byte's denominator."""
         specials = {t.content for t in self.hf.get_added_tokens_decoder().values() if t.special}
-        if self.fast is not None:
-            out = np.zeros(self.vocab_size, np.int64)
-            for i in range(self.vocab_size):
-                piece = self.hf.id_to_token(i)
-                if piece is not None and piece not in specials:
-                    out[i] = len(self.fast.decode_single_token_bytes(i))
-            return out
-        byte_level = _byte_level(json.loads(self.to_json()))
-        inverse = {c: b for b, c in bytes_to_unicode().items()}
+        alphabet = set(bytes_to_unicode().values())
         out = np.zeros(self.vocab_size, np.int64)
         for i in range(self.vocab_size):
             piece = self.hf.id_to_token(i)
             if piece is None or piece in specials:
                 continue
-            if byte_level and all(c in inverse for c in piece):
+            if self.byte_level and all(c in alphabet for c in piece):
                 out[i] = len(piece)
             else:
                 out[i] = len(self.hf.decode([i]).encode("utf-8"))
         return out
-
-
-def _tiktoken_array(enc: Any, text: str) -> np.ndarray:
-    # encode_to_numpy skips the list-of-ints round trip; with no allowed special tokens it is encode_ordinary.
-    # Older tiktoken lacks it.
-    if hasattr(enc, "encode_to_numpy"):
-        return np.asarray(enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()), dtype=np.uint32)
-    return np.asarray(enc.encode_ordinary(text), dtype=np.uint32)
 
 
 def _byte_level(spec: dict[str, Any]) -> bool:
@@ -171,7 +160,7 @@ def from_json_text(text: str, source: str, eot_text: str = EOT_TEXT) -> FileToke
         )
     vocab = int(hf.get_vocab_size(with_added_tokens=True))
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-    return FileTokenizer(hf, source, digest, int(eot), vocab, _fast_path(hf, spec))
+    return FileTokenizer(hf, source, digest, int(eot), vocab, _fast_path(hf, spec), _byte_level(spec))
 
 
 def load_tokenizer_json(path: Path, eot_text: str = EOT_TEXT) -> FileTokenizer:
@@ -209,7 +198,7 @@ def spec(tok: Any) -> tuple[str, ...]:
     """What a worker process needs to build the same tokenizer (strings only: it pickles under spawn too)."""
     if tok.name == "gpt2":
         return ("gpt2", tok.source if tok.file_sha256 else "")
-    return ("json", tok.to_json(), tok.source, tok.hf.id_to_token(tok.eot_id))
+    return ("json", tok.to_json(), tok.source, tok.eot_text)
 
 
 def from_spec(parts: tuple[str, ...]) -> Any:

@@ -24,7 +24,7 @@ from ..core.fileio import fsync_dir
 from . import hf_tokenizer
 from .sources import BadShard, Progress, discover, iter_documents
 from .tokenizer import EOT_TEXT, load_gpt2
-from .tokens import bins_dtype, file_key
+from .tokens import DTYPES, bins_dtype, file_key
 
 FORMAT_VERSION = 1
 TRAIN_BIN, VAL_BIN, COUNTS, META = "train.bin", "val.bin", "unigram_counts.npy", "meta.json"
@@ -212,7 +212,8 @@ def _existing_state(out: Path, fp: dict[str, Any]) -> str:
         meta = json.loads(meta_path.read_text())
     except (OSError, json.JSONDecodeError):
         return "complete-other"
-    itemsize = np.dtype(meta.get("dtype", "uint16")).itemsize if meta.get("dtype") in ("uint16", "uint32") else 0
+    dtype = meta.get("dtype", "uint16")
+    itemsize = np.dtype(dtype).itemsize if dtype in DTYPES else 0
     for split, name in (("train", TRAIN_BIN), ("val", VAL_BIN)):
         want = meta.get("splits", {}).get(split, {}).get("tokens")
         f = out / name
@@ -501,7 +502,7 @@ def _meta(job: TokenizeJob, tok: Any, output: _Output, totals: dict[str, int], f
         "tokenizer_file": TOKENIZER_JSON,
         "vocab_size": tok.vocab_size,
         "eot_id": tok.eot_id,
-        "eot_token": EOT_TEXT if tok.name == "gpt2" else tok.hf.id_to_token(tok.eot_id),
+        "eot_token": tok.eot_text,
         "dtype": dtype,
         "splits": {
             "train": {

@@ -67,6 +67,7 @@ class Tokenizer:
     name = "gpt2"
     vocab_size = GPT2_VOCAB_SIZE
     eot_id = EOT_ID
+    eot_text = EOT_TEXT
 
     def encode(self, text: str) -> list[int]:
         """Ordinary text to ids: special-token strings in the text are encoded as plain text."""
@@ -77,10 +78,7 @@ class Tokenizer:
 
     def encode_array(self, text: str) -> np.ndarray:
         """``encode`` as a uint32 array (no list of Python ints on the way)."""
-        enc = self.encoding
-        if hasattr(enc, "encode_to_numpy"):  # older tiktoken lacks it
-            return np.asarray(enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()), np.uint32)
-        return np.asarray(enc.encode_ordinary(text), dtype=np.uint32)
+        return tiktoken_array(self.encoding, text)
 
     def to_json(self) -> str:
         """The same BPE as a Hugging Face ``tokenizer.json`` (vocab and merges rebuilt from the ranks)."""
@@ -93,6 +91,15 @@ class Tokenizer:
         out = np.array([len(self.encoding.decode_single_token_bytes(i)) for i in range(self.vocab_size)], np.int64)
         out[self.eot_id] = 0
         return out
+
+
+def tiktoken_array(enc: tiktoken.Encoding, text: str) -> np.ndarray:
+    """Ordinary text to a uint32 id array. encode_to_numpy skips the list-of-ints round trip; with no allowed
+    special tokens it is encode_ordinary (a literal "<|endoftext|>" in a document is ordinary text). Older tiktoken
+    lacks it."""
+    if hasattr(enc, "encode_to_numpy"):
+        return np.asarray(enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=()), dtype=np.uint32)
+    return np.asarray(enc.encode_ordinary(text), dtype=np.uint32)
 
 
 def _candidates(explicit: str | os.PathLike[str] | None) -> list[tuple[str, Path]]:

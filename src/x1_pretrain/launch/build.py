@@ -364,12 +364,25 @@ def _horizon(cfg: C.Config, resume: Resume) -> Horizon:
     return planned(cfg.train.total_steps, cfg.optim)
 
 
-def _task_eval(ctx: Context, data: TokenData) -> list[Any]:
+DataTokenizer = tuple[Any, "X1Error | None"]  # (the data's tokenizer, or None and why it could not be loaded)
+
+
+def _data_tokenizer(data: TokenData) -> DataTokenizer:
+    """The tokenizer that made the data, loaded once for everything at launch that needs it (the task scores'
+    encoder, val/bpb's byte table)."""
+    from ..data import hf_tokenizer
+
+    try:
+        return hf_tokenizer.of_data(data.directory, data.meta), None
+    except (DataError, TokenizerNotFound) as e:
+        return None, e
+
+
+def _task_eval(ctx: Context, loaded: DataTokenizer) -> list[Any]:
     """The in-loop task scores (rank 0), their sets read (fetched on first use) before anything else is built: a
     missing set is a usage error now, not a failure hours in."""
     if not ctx.cfg.train.eval_tasks.strip() or not ctx.world.main:
         return []
-    from ..data import hf_tokenizer
     from ..evals.registry import task_list
     from ..evals.run import load_items
     from ..trainer.task_eval import TaskEval
@@ -383,8 +396,10 @@ def _task_eval(ctx: Context, data: TokenData) -> list[Any]:
         + "when the run ends, within "
         f"{t.eval_tasks_max_s:g} s each time"
     )
-    encode = hf_tokenizer.of_data(data.directory, data.meta).encode  # the data's tokenizer: the model's ids
-    return [TaskEval(items, encode, ctx.log, alert_sender(ctx), eval_cost(ctx.cfg))]
+    tok, why = loaded
+    if why is not None:  # the scores need the model's own ids
+        raise why
+    return [TaskEval(items, tok.encode, ctx.log, alert_sender(ctx), eval_cost(ctx.cfg))]
 
 
 def keep_tokenizer(data: TokenData, ckpt_dir: Path) -> None:
@@ -401,19 +416,16 @@ def keep_tokenizer(data: TokenData, ckpt_dir: Path) -> None:
         write_text_atomic(dest, src.read_text(encoding="utf-8"))
 
 
-def _val_token_bytes(data: TokenData, log: Log) -> Any:
+def _val_token_bytes(loaded: DataTokenizer, log: Log) -> Any:
     """The UTF-8 bytes of each id of the data's tokenizer (val/bpb's denominator), or None with a note when the
     tokenizer cannot be loaded (the run trains; it logs val/loss only)."""
     import torch
 
-    from ..data import hf_tokenizer
-
-    try:
-        table = hf_tokenizer.of_data(data.directory, data.meta).token_bytes()
-    except (DataError, TokenizerNotFound) as e:
-        log(f"warning: no val/bpb for this run: the data's tokenizer cannot be loaded ({str(e).splitlines()[0]})")
+    tok, why = loaded
+    if why is not None:
+        log(f"warning: no val/bpb for this run: the data's tokenizer cannot be loaded ({str(why).splitlines()[0]})")
         return None
-    return torch.from_numpy(table)
+    return torch.from_numpy(tok.token_bytes())
 
 
 def _val_batches(ctx: Context, data: TokenData, resume: Resume) -> list[Any]:
@@ -463,7 +475,8 @@ def build_run(ctx: Context) -> Built:
     """Build everything the loop needs, in the order the log tells it."""
     cfg, log = ctx.cfg, ctx.log
     data, uri, artifact_location = _open_store(ctx)
-    task_eval = _task_eval(ctx, data)
+    tokenizer = _data_tokenizer(data)
+    task_eval = _task_eval(ctx, tokenizer)
     resume = _resume(ctx, data)
     if ctx.world.main:
         keep_tokenizer(data, ctx.ckpt_dir)
@@ -561,7 +574,7 @@ def build_run(ctx: Context) -> Built:
         optimizer_flops_per_step=newton_schulz_flops_per_step(optimizer),
         horizon=_horizon(cfg, resume),
         alert=alert,
-        val_token_bytes=_val_token_bytes(data, log),
+        val_token_bytes=_val_token_bytes(tokenizer, log),
     )
     return Built(run, state, resume, tracker, checkpointer, control, sampler, data)
 

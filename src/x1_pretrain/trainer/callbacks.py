@@ -7,6 +7,7 @@ file (here), the spike watch (``spike.py``) and the budget guard (``budget_contr
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -47,11 +48,11 @@ class ValLog(Callback):
     def after_eval(self, run: Run, state: LoopState, val_loss: float) -> None:
         run.record_metric(state.step, N.VAL_LOSS, val_loss)
         bpb = state.last_val_bpb
-        if bpb == bpb:  # not NaN: the run has the data's byte table
+        line = f"step {state.step:>7} | val loss {val_loss:.4f}"
+        if not math.isnan(bpb):  # NaN: the run has no byte table for the data's tokenizer
             run.record_metric(state.step, N.VAL_BPB, bpb)
-        run.console(
-            f"step {state.step:>7} | val loss {val_loss:.4f}" + (f" | {bpb:.4f} bits/byte" if bpb == bpb else "")
-        )
+            line += f" | {bpb:.4f} bits/byte"
+        run.console(line)
 
 
 class CheckpointCadence(Callback):
